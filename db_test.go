@@ -1,0 +1,236 @@
+package outboxplugin_test
+
+import (
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// The database matrix. SQLite always runs; PostgreSQL and MariaDB/MySQL run when reachable at the
+// DSNs below, and with OUTBOX_REQUIRE_DBS=1 an unreachable one fails the test instead of skipping it.
+// This package works in a database of its own on each server (testDatabase), so other packages can
+// run their tests at the same time.
+
+const testDatabase = "outboxplugin_core"
+
+func postgresServerDSN() string {
+	if dsn := os.Getenv("OUTBOX_POSTGRES_DSN"); dsn != "" {
+		return dsn
+	}
+	return "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable"
+}
+
+func mysqlServerDSN() string {
+	if dsn := os.Getenv("OUTBOX_MYSQL_DSN"); dsn != "" {
+		return dsn
+	}
+	return "root@tcp(127.0.0.1:3306)/"
+}
+
+func requireDBs() bool { return os.Getenv("OUTBOX_REQUIRE_DBS") == "1" }
+
+type dialect struct {
+	name string
+	// pool returns the shared connection pool of this package's database, or an error.
+	pool func() (*sql.DB, error)
+	open func(*sql.DB, *gorm.Config) (*gorm.DB, error)
+}
+
+var (
+	pgOnce, myOnce sync.Once
+	pgPool, myPool *sql.DB
+	pgErr, myErr   error
+)
+
+func postgresPool() (*sql.DB, error) {
+	pgOnce.Do(func() {
+		admin, err := sql.Open("pgx", postgresServerDSN())
+		if err != nil {
+			pgErr = err
+			return
+		}
+		defer admin.Close()
+		if err = pingTimeout(admin); err != nil {
+			pgErr = err
+			return
+		}
+		var exists bool
+		if err = admin.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, testDatabase).Scan(&exists); err != nil {
+			pgErr = err
+			return
+		}
+		if !exists {
+			if _, err = admin.Exec(`CREATE DATABASE ` + testDatabase); err != nil && !strings.Contains(err.Error(), "already exists") {
+				pgErr = err
+				return
+			}
+		}
+		dsn := postgresServerDSN()
+		dsn = replaceDSNField(dsn, "dbname", testDatabase)
+		pgPool, pgErr = sql.Open("pgx", dsn)
+		if pgErr == nil {
+			pgPool.SetMaxOpenConns(16)
+			pgErr = pingTimeout(pgPool)
+		}
+	})
+	return pgPool, pgErr
+}
+
+func mysqlPool() (*sql.DB, error) {
+	myOnce.Do(func() {
+		admin, err := sql.Open("mysql", mysqlServerDSN())
+		if err != nil {
+			myErr = err
+			return
+		}
+		defer admin.Close()
+		if err = pingTimeout(admin); err != nil {
+			myErr = err
+			return
+		}
+		if _, err = admin.Exec("CREATE DATABASE IF NOT EXISTS " + testDatabase); err != nil {
+			myErr = err
+			return
+		}
+		dsn := mysqlServerDSN()
+		if i := strings.Index(dsn, "/"); i >= 0 {
+			rest := dsn[i+1:]
+			params := ""
+			if j := strings.Index(rest, "?"); j >= 0 {
+				params = rest[j:]
+			}
+			dsn = dsn[:i+1] + testDatabase + params
+		}
+		if strings.Contains(dsn, "?") {
+			dsn += "&parseTime=true"
+		} else {
+			dsn += "?parseTime=true"
+		}
+		myPool, myErr = sql.Open("mysql", dsn)
+		if myErr == nil {
+			myPool.SetMaxOpenConns(16)
+			myErr = pingTimeout(myPool)
+		}
+	})
+	return myPool, myErr
+}
+
+func pingTimeout(db *sql.DB) error {
+	done := make(chan error, 1)
+	go func() { done <- db.Ping() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("ping: timed out")
+	}
+}
+
+// replaceDSNField sets key=value in a key/value PostgreSQL DSN.
+func replaceDSNField(dsn, key, value string) string {
+	fields := strings.Fields(dsn)
+	found := false
+	for i, f := range fields {
+		if strings.HasPrefix(f, key+"=") {
+			fields[i] = key + "=" + value
+			found = true
+		}
+	}
+	if !found {
+		fields = append(fields, key+"="+value)
+	}
+	return strings.Join(fields, " ")
+}
+
+var dialects = []dialect{
+	{name: "sqlite"},
+	{
+		name: "postgres",
+		pool: postgresPool,
+		open: func(pool *sql.DB, cfg *gorm.Config) (*gorm.DB, error) {
+			return gorm.Open(postgres.New(postgres.Config{Conn: pool}), cfg)
+		},
+	},
+	{
+		name: "mysql",
+		pool: mysqlPool,
+		open: func(pool *sql.DB, cfg *gorm.Config) (*gorm.DB, error) {
+			return gorm.Open(mysql.New(mysql.Config{Conn: pool, SkipInitializeWithVersion: false}), cfg)
+		},
+	},
+}
+
+// openDB opens a fresh *gorm.DB of the dialect (plugins are per *gorm.DB) over the package's shared
+// pool, or over a new SQLite file. It skips, or fails under OUTBOX_REQUIRE_DBS=1, when the server is
+// unreachable.
+func openDB(t testing.TB, d dialect, cfg *gorm.Config) *gorm.DB {
+	t.Helper()
+	if cfg == nil {
+		cfg = &gorm.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logger.Discard
+	}
+	if d.name == "sqlite" {
+		path := filepath.Join(t.TempDir(), "test.db")
+		db, err := gorm.Open(sqlite.Open("file:"+path+"?_busy_timeout=5000&_journal_mode=WAL&_foreign_keys=1"), cfg)
+		if err != nil {
+			t.Fatalf("open sqlite: %v", err)
+		}
+		t.Cleanup(func() {
+			if sqlDB, err := db.DB(); err == nil {
+				sqlDB.Close()
+			}
+		})
+		return db
+	}
+	pool, err := d.pool()
+	if err != nil {
+		if requireDBs() {
+			t.Fatalf("%s unreachable and OUTBOX_REQUIRE_DBS=1: %v", d.name, err)
+		}
+		t.Skipf("%s unreachable: %v", d.name, err)
+	}
+	db, err := d.open(pool, cfg)
+	if err != nil {
+		t.Fatalf("open %s: %v", d.name, err)
+	}
+	return db
+}
+
+// forEachDB runs fn as a subtest on every database of the matrix.
+func forEachDB(t *testing.T, fn func(t *testing.T, d dialect)) {
+	t.Helper()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) { fn(t, d) })
+	}
+}
+
+// resetTables drops and re-creates the given models' tables, the outbox among them.
+func resetTables(t testing.TB, db *gorm.DB, models ...any) {
+	t.Helper()
+	plain := db.Session(&gorm.Session{NewDB: true})
+	if err := plain.Migrator().DropTable(models...); err != nil {
+		t.Fatalf("drop tables: %v", err)
+	}
+	var structs []any
+	for _, m := range models {
+		if _, isTable := m.(string); !isTable {
+			structs = append(structs, m)
+		}
+	}
+	if err := plain.AutoMigrate(structs...); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+}

@@ -1,0 +1,80 @@
+package outboxplugin
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+
+	"gorm.io/gorm"
+)
+
+// unregistered writes the events Emit is asked for on a database without the plugin: default options.
+var unregistered = New()
+
+// EmitOption adds to an event written with Emit.
+type EmitOption func(*pendingEvent, map[string]string)
+
+// WithAggregate sets the aggregate an emitted event belongs to; together the two form its message key.
+func WithAggregate(aggregateType, aggregateID string) EmitOption {
+	return func(e *pendingEvent, _ map[string]string) {
+		e.aggregateType, e.aggregateID = aggregateType, aggregateID
+	}
+}
+
+// WithHeaders adds headers to an emitted event, over those of WithContextHeaders.
+func WithHeaders(h map[string]string) EmitOption {
+	return func(_ *pendingEvent, headers map[string]string) {
+		maps.Copy(headers, h)
+	}
+}
+
+// Emit writes an explicit domain event in tx's transaction: it commits with the transaction's other
+// writes or not at all. payload is encoded as JSON (json.RawMessage, JSON and []byte are taken as
+// already encoded and must be valid JSON). The table is that of the plugin registered on tx, or
+// DefaultTableName.
+//
+// Emit refuses, writing nothing: an empty eventType (ErrEmptyEventType), a payload that cannot be
+// encoded (ErrEncodePayload), and a tx that is not inside a transaction (ErrNotInTransaction) — use
+// it inside db.Transaction(func(tx *gorm.DB) error { ... }) or after db.Begin().
+func Emit(tx *gorm.DB, eventType string, payload any, opts ...EmitOption) error {
+	if tx == nil || tx.Statement == nil {
+		return errors.New("outboxplugin: Emit: nil *gorm.DB")
+	}
+	if tx.Error != nil {
+		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, tx.Error)
+	}
+	if eventType == "" {
+		return fmt.Errorf("outboxplugin: Emit: %w", ErrEmptyEventType)
+	}
+	if !inTransaction(tx.Statement.ConnPool) {
+		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, ErrNotInTransaction)
+	}
+	body, err := encodePayload(payload)
+	if err != nil {
+		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
+	}
+
+	p := pluginOf(tx)
+	if p == nil {
+		p = unregistered
+	}
+	ctx := tx.Statement.Context
+	headers := map[string]string{}
+	if p.cfg.headers != nil {
+		maps.Copy(headers, p.cfg.headers(ctx))
+	}
+	ev := pendingEvent{eventType: eventType, payload: body, createdAt: now()}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&ev, headers)
+		}
+	}
+	if ev.headers, err = encodeHeaders(headers); err != nil {
+		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
+	}
+	ev.messageID = newMessageID()
+	if err := p.insertEvents(tx, tx.Statement.ConnPool, []pendingEvent{ev}); err != nil {
+		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
+	}
+	return nil
+}

@@ -1,0 +1,164 @@
+package outboxplugin
+
+import (
+	"bytes"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
+)
+
+// DefaultTableName is the table OutboxEvent maps to, and the table the plugin writes to unless
+// WithTableName names another.
+const DefaultTableName = "outbox_events"
+
+// OutboxEvent is one row of the outbox table: an event written in the same transaction as the change
+// it describes, waiting for a relay to publish it.
+//
+// The first five columns are the reference design's (id, event_type, payload, created_at,
+// processed). The others carry what a relay needs without a later migration: a message id that is
+// stable across retries and unique (a UUIDv7, for consumers to de-duplicate on), the aggregate the
+// event belongs to (type and id, which together form the message key), headers, the retry
+// bookkeeping (attempts, next attempt time, last error), the time it was processed, the time it was
+// given up on (dead), and a lease (owner and expiry) for relays that claim rows before publishing.
+//
+// db.AutoMigrate(&OutboxEvent{}) creates the table with three indexes: the primary key; the
+// reference's (processed, created_at), which makes cleanup of old processed rows cheap; and a pending
+// index on (created_at, id) restricted to unprocessed rows, so that finding the next batch costs in
+// proportion to the batch and not to the processed rows the table keeps. The restriction is a partial
+// index on PostgreSQL and SQLite; MySQL and MariaDB have no partial indexes, so there the pending
+// index covers every row and the (processed, created_at) index is the one that finds pending rows.
+//
+// Rows may be written by hand inside a transaction, as in the reference design
+// (tx.Create(&OutboxEvent{EventType: "OrderPlaced", Payload: ...})); the capture callbacks never
+// create events for OutboxEvent itself. Emit does the same with less ceremony and honours
+// WithTableName.
+type OutboxEvent struct {
+	ID            int64      `gorm:"primaryKey;autoIncrement;index:idx_outbox_events_pending,priority:2,where:processed = false"`
+	MessageID     string     `gorm:"size:36;not null"`
+	EventType     string     `gorm:"size:255;not null"`
+	AggregateType string     `gorm:"size:255;not null;default:''"`
+	AggregateID   string     `gorm:"size:255;not null;default:''"`
+	Payload       JSON       `gorm:"not null"`
+	Headers       JSON       ``
+	CreatedAt     time.Time  `gorm:"not null;precision:6;index:idx_outbox_events_processed_created_at,priority:2;index:idx_outbox_events_pending,priority:1,where:processed = false"`
+	Processed     bool       `gorm:"not null;default:false;index:idx_outbox_events_processed_created_at,priority:1"`
+	ProcessedAt   *time.Time `gorm:"precision:6"`
+	Attempts      int        `gorm:"not null;default:0"`
+	NextAttemptAt *time.Time `gorm:"precision:6"`
+	LastError     *string    `gorm:"type:text"`
+	DeadAt        *time.Time `gorm:"precision:6"`
+	LockedBy      *string    `gorm:"size:64"`
+	LockedUntil   *time.Time `gorm:"precision:6"`
+}
+
+// TableName returns DefaultTableName. A plugin configured WithTableName writes elsewhere; migrate
+// that table with AutoMigrate, or db.Table(name).AutoMigrate(&OutboxEvent{}).
+func (OutboxEvent) TableName() string { return DefaultTableName }
+
+// BeforeCreate completes a row written by hand: it gives it a message id and a creation time when
+// they are missing, stores a nil payload as JSON null, and refuses an empty event type or a payload or
+// headers that are not valid JSON, so that no row the relay cannot publish is committed.
+func (e *OutboxEvent) BeforeCreate(*gorm.DB) error {
+	if e.EventType == "" {
+		return fmt.Errorf("outboxplugin: OutboxEvent: %w", ErrEmptyEventType)
+	}
+	if e.Payload == nil {
+		e.Payload = JSON("null")
+	} else if !json.Valid(e.Payload) {
+		return fmt.Errorf("outboxplugin: OutboxEvent %q: payload: %w", e.EventType, ErrInvalidJSON)
+	}
+	if e.Headers != nil && !json.Valid(e.Headers) {
+		return fmt.Errorf("outboxplugin: OutboxEvent %q: headers: %w", e.EventType, ErrInvalidJSON)
+	}
+	if e.MessageID == "" {
+		e.MessageID = newMessageID()
+	}
+	if e.CreatedAt.IsZero() {
+		e.CreatedAt = now()
+	}
+	return nil
+}
+
+// now is the creation time of events: UTC, so that SQLite, which stores times as text, orders and
+// compares them correctly whatever the time zone of the writer.
+func now() time.Time { return time.Now().UTC() }
+
+// JSON is a JSON document held as its encoded bytes. It is stored as jsonb on PostgreSQL, json on
+// MySQL and MariaDB, and text on SQLite. A nil JSON is SQL NULL.
+type JSON []byte
+
+// Value sends the document as text, which every supported driver accepts for its JSON column type.
+func (j JSON) Value() (driver.Value, error) {
+	if j == nil {
+		return nil, nil
+	}
+	return string(j), nil
+}
+
+// Scan reads a document from a JSON, text or blob column.
+func (j *JSON) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*j = nil
+	case []byte:
+		*j = append(JSON(nil), v...)
+	case string:
+		*j = JSON(v)
+	default:
+		return fmt.Errorf("outboxplugin: cannot scan %T into JSON", src)
+	}
+	return nil
+}
+
+// MarshalJSON embeds the document as it is; a nil JSON is null.
+func (j JSON) MarshalJSON() ([]byte, error) {
+	if j == nil {
+		return []byte("null"), nil
+	}
+	return j, nil
+}
+
+// UnmarshalJSON keeps a copy of the document.
+func (j *JSON) UnmarshalJSON(b []byte) error {
+	if j == nil {
+		return errors.New("outboxplugin: JSON: UnmarshalJSON on nil pointer")
+	}
+	*j = append((*j)[:0], b...)
+	return nil
+}
+
+// String returns the document as text.
+func (j JSON) String() string { return string(bytes.TrimSpace(j)) }
+
+// GormDataType is the generic type GORM reports for the column.
+func (JSON) GormDataType() string { return "json" }
+
+// GormDBDataType picks the column type per database.
+func (JSON) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
+	switch db.Dialector.Name() {
+	case "postgres":
+		return "jsonb"
+	case "mysql":
+		return "json"
+	default:
+		return "text"
+	}
+}
+
+// AutoMigrate creates or updates the outbox table that db's plugin writes to (DefaultTableName when
+// the plugin is not registered or was not given WithTableName), with its indexes.
+func AutoMigrate(db *gorm.DB) error {
+	table := DefaultTableName
+	if p := pluginOf(db); p != nil {
+		table = p.cfg.table
+	}
+	if err := db.Table(table).AutoMigrate(&OutboxEvent{}); err != nil {
+		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
+	}
+	return nil
+}

@@ -1,0 +1,243 @@
+// Package outboxplugin is a transactional outbox for GORM.
+//
+// db.Use(outboxplugin.New()) makes every create, update and delete that GORM runs write one outbox
+// event per changed row, in the same database transaction as the row itself: both commit or both
+// roll back. Emit writes an explicit domain event inside a transaction. A relay (the next part of
+// the package) publishes committed events to a broker, at least once.
+//
+// docs/capture.md lists every write path and the events it gives.
+package outboxplugin
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"regexp"
+	"sync"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
+)
+
+const pluginName = "outboxplugin"
+
+var _ gorm.Plugin = (*Plugin)(nil)
+
+// Plugin captures the changes GORM writes as outbox events. Register it with db.Use(New(...)).
+type Plugin struct {
+	cfg config
+	err error // the first invalid option, returned by Initialize
+
+	sqlMu    sync.RWMutex
+	sqlCache map[insertShape]string
+
+	customizers sync.Map // reflect.Type of a model -> bool: whether it implements EventCustomizer
+}
+
+// New returns the plugin. Invalid options are reported by db.Use, which returns the error of
+// Initialize.
+func New(opts ...Option) *Plugin {
+	p := &Plugin{cfg: defaultConfig(), sqlCache: make(map[insertShape]string)}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&p.cfg); err != nil && p.err == nil {
+			p.err = fmt.Errorf("outboxplugin: %w", err)
+		}
+	}
+	return p
+}
+
+// Name returns "outboxplugin", the name GORM registers the plugin under.
+func (p *Plugin) Name() string { return pluginName }
+
+// Initialize registers the capture callbacks. It fails, registering nothing, when an option was
+// invalid.
+func (p *Plugin) Initialize(db *gorm.DB) error {
+	if p.err != nil {
+		return p.err
+	}
+	return p.registerCallbacks(db)
+}
+
+// pluginOf returns the plugin registered on db, or nil.
+func pluginOf(db *gorm.DB) *Plugin {
+	if db == nil || db.Config == nil {
+		return nil
+	}
+	p, _ := db.Config.Plugins[pluginName].(*Plugin)
+	return p
+}
+
+// PayloadMode chooses what the payload of a captured event holds.
+type PayloadMode int
+
+const (
+	// PayloadKey, the default, is the primary key keyed by column name: {"id": 42}; a composite key
+	// gives one member per key column. It is what the reference design sends: consumers read the
+	// current state themselves.
+	PayloadKey PayloadMode = iota + 1
+
+	// PayloadRow is the row as written, every column keyed by column name. Creates have the full
+	// row, including keys and defaults the database returned. Updates and deletes of a model value
+	// that GORM holds (Save(&u), Model(&u).Updates(...), Delete(&u)) have that value after the
+	// write; updates and deletes by condition have no row in memory, so they carry the key plus, for
+	// updates, the columns the statement set.
+	PayloadRow
+
+	// PayloadChanges is the key plus the columns the statement wrote: every inserted column for a
+	// create, the SET columns for an update (columns set to an SQL expression are left out: their
+	// value is not known without reading the row again), the key alone for a delete.
+	PayloadChanges
+)
+
+func (m PayloadMode) String() string {
+	switch m {
+	case PayloadKey:
+		return "key"
+	case PayloadRow:
+		return "row"
+	case PayloadChanges:
+		return "changes"
+	}
+	return fmt.Sprintf("PayloadMode(%d)", int(m))
+}
+
+// Option configures the plugin.
+type Option func(*config) error
+
+type config struct {
+	table     string
+	payload   PayloadMode
+	eventType func(Changeset) string
+	headers   func(context.Context) map[string]string
+	only      map[reflect.Type]bool // nil: every model
+	skip      map[reflect.Type]bool
+}
+
+func defaultConfig() config {
+	return config{table: DefaultTableName, payload: PayloadKey}
+}
+
+// identifierRE accepts a plain or schema-qualified SQL identifier. Anything else (quotes, spaces,
+// semicolons) is refused, so the table name can be written into SQL as it is.
+var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
+
+// WithTableName sets the outbox table (default "outbox_events"). It must be a plain identifier,
+// optionally schema-qualified ("events.outbox"). Create it with AutoMigrate(db) after db.Use.
+func WithTableName(name string) Option {
+	return func(c *config) error {
+		if !identifierRE.MatchString(name) {
+			return fmt.Errorf("%w: %q", ErrInvalidTableName, name)
+		}
+		c.table = name
+		return nil
+	}
+}
+
+// WithPayloadMode sets what captured events carry (default PayloadKey).
+func WithPayloadMode(m PayloadMode) Option {
+	return func(c *config) error {
+		switch m {
+		case PayloadKey, PayloadRow, PayloadChanges:
+			c.payload = m
+			return nil
+		}
+		return fmt.Errorf("%w: payload mode %d", ErrInvalidOption, int(m))
+	}
+}
+
+// WithEventType replaces the default event type, "<Model>_<create|update|delete>" (User_create).
+// fn is called once per captured row; an empty result is an error that fails the write.
+func WithEventType(fn func(Changeset) string) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return fmt.Errorf("%w: WithEventType(nil)", ErrInvalidOption)
+		}
+		c.eventType = fn
+		return nil
+	}
+}
+
+// WithContextHeaders sets a function that derives event headers from the context of the GORM call
+// (db.WithContext(ctx)), for example to carry trace context to consumers. It is called once per
+// statement and for each Emit; nil or empty maps store no headers.
+func WithContextHeaders(fn func(context.Context) map[string]string) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return fmt.Errorf("%w: WithContextHeaders(nil)", ErrInvalidOption)
+		}
+		c.headers = fn
+		return nil
+	}
+}
+
+// WithModels restricts capture to the given models (pass values or pointers: &User{}). Writes of
+// other models give no events. Calls accumulate.
+func WithModels(models ...any) Option {
+	return func(c *config) error {
+		if c.only == nil {
+			c.only = make(map[reflect.Type]bool)
+		}
+		return addModelTypes(c.only, "WithModels", models)
+	}
+}
+
+// WithoutModels excludes models from capture (pass values or pointers: &AuditLog{}). Calls
+// accumulate; an exclusion wins over WithModels.
+func WithoutModels(models ...any) Option {
+	return func(c *config) error {
+		if c.skip == nil {
+			c.skip = make(map[reflect.Type]bool)
+		}
+		return addModelTypes(c.skip, "WithoutModels", models)
+	}
+}
+
+func addModelTypes(set map[reflect.Type]bool, opt string, models []any) error {
+	for _, m := range models {
+		t := reflect.TypeOf(m)
+		for t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t == nil || t.Kind() != reflect.Struct {
+			return fmt.Errorf("%w: %s: %T is not a model struct", ErrInvalidOption, opt, m)
+		}
+		set[t] = true
+	}
+	return nil
+}
+
+// captures reports whether writes of the model with schema s give events under this configuration.
+func (c *config) captures(s *schema.Schema) bool {
+	t := s.ModelType
+	if t == outboxEventType || s.Table == c.table || t.Name() == "" {
+		// The outbox itself (no recursion), and GORM's own many-to-many join rows, whose model is
+		// an anonymous struct built from the relation.
+		return false
+	}
+	if c.skip[t] {
+		return false
+	}
+	return c.only == nil || c.only[t]
+}
+
+var outboxEventType = reflect.TypeFor[OutboxEvent]()
+
+type suppressKey struct{}
+
+// WithoutCapture returns a context under which the plugin captures nothing: use it for one call
+// with db.WithContext(outboxplugin.WithoutCapture(ctx)).Create(&row). Writes made that way commit
+// without events, by the caller's choice.
+func WithoutCapture(ctx context.Context) context.Context {
+	return context.WithValue(ctx, suppressKey{}, true)
+}
+
+func captureSuppressed(ctx context.Context) bool {
+	if ctx == nil {
+		return false
+	}
+	v, _ := ctx.Value(suppressKey{}).(bool)
+	return v
+}
