@@ -64,7 +64,7 @@ type Event struct {
 	// json.RawMessage. A json.RawMessage, JSON or []byte value is used as it is (it must be valid
 	// JSON); anything else is marshalled.
 	Payload any
-	// Headers start as the headers of WithContextHeaders.
+	// Headers start as the headers of WithContextHeaders; the map is never nil.
 	Headers map[string]string
 	// Skip set to true drops the event: the row is written without one.
 	Skip bool

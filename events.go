@@ -136,8 +136,9 @@ func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev
 		AggregateType: ev.aggregateType,
 		AggregateID:   ev.aggregateID,
 		Payload:       json.RawMessage(ev.payload),
-		Headers:       maps.Clone(headers),
+		Headers:       make(map[string]string, len(headers)),
 	}
+	maps.Copy(e.Headers, headers)
 	if err := target.Interface().(EventCustomizer).CustomizeOutboxEvent(cs, &e); err != nil {
 		return false, fmt.Errorf("CustomizeOutboxEvent: %w", err)
 	}

@@ -38,15 +38,15 @@ const DefaultTableName = "outbox_events"
 // create events for OutboxEvent itself. Emit does the same with less ceremony and honours
 // WithTableName.
 type OutboxEvent struct {
-	ID            int64      `gorm:"primaryKey;autoIncrement;index:idx_outbox_events_pending,priority:2,where:processed = false"`
+	ID            int64      `gorm:"primaryKey;autoIncrement;index:,composite:pending,priority:2,where:processed = false"`
 	MessageID     string     `gorm:"size:36;not null"`
 	EventType     string     `gorm:"size:255;not null"`
 	AggregateType string     `gorm:"size:255;not null;default:''"`
 	AggregateID   string     `gorm:"size:255;not null;default:''"`
 	Payload       JSON       `gorm:"not null"`
 	Headers       JSON       ``
-	CreatedAt     time.Time  `gorm:"not null;precision:6;index:idx_outbox_events_processed_created_at,priority:2;index:idx_outbox_events_pending,priority:1,where:processed = false"`
-	Processed     bool       `gorm:"not null;default:false;index:idx_outbox_events_processed_created_at,priority:1"`
+	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:processed_created_at,priority:2;index:,composite:pending,priority:1,where:processed = false"`
+	Processed     bool       `gorm:"not null;default:false;index:,composite:processed_created_at,priority:1"`
 	ProcessedAt   *time.Time `gorm:"precision:6"`
 	Attempts      int        `gorm:"not null;default:0"`
 	NextAttemptAt *time.Time `gorm:"precision:6"`

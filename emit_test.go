@@ -1,0 +1,81 @@
+package outboxplugin_test
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/gorm-outbox/outboxplugin"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+func TestEmit(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		var u User
+		err := db.Transaction(func(tx *gorm.DB) error {
+			u = User{Name: "ann"}
+			if err := tx.WithContext(outboxplugin.WithoutCapture(tx.Statement.Context)).Create(&u).Error; err != nil {
+				return err
+			}
+			return outboxplugin.Emit(tx, "UserRegistered", map[string]any{"id": u.ID, "name": u.Name},
+				outboxplugin.WithAggregate("user", "42"))
+		})
+		require.NoError(t, err)
+		evs := loadEvents(t, db)
+		require.Len(t, evs, 1)
+		assert.Equal(t, "UserRegistered", evs[0].EventType)
+		assert.Equal(t, "user", evs[0].AggregateType)
+		assert.Equal(t, "42", evs[0].AggregateID)
+		assert.Equal(t, "ann", payloadMap(t, evs[0])["name"])
+		assert.Len(t, evs[0].MessageID, 36)
+
+		// Raw JSON is taken as it is.
+		require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+			return outboxplugin.Emit(tx, "Raw", json.RawMessage(`{"a":[1,2]}`))
+		}))
+		assert.JSONEq(t, `{"a":[1,2]}`, string(loadEvents(t, db)[1].Payload))
+	})
+}
+
+func TestEmitRollsBackWithTransaction(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		boom := errors.New("boom")
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if err := outboxplugin.Emit(tx, "Doomed", map[string]int{"n": 1}); err != nil {
+				return err
+			}
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		assert.Empty(t, loadEvents(t, db))
+
+		// With Begin/Rollback too.
+		tx := db.Begin()
+		require.NoError(t, outboxplugin.Emit(tx, "Doomed", nil))
+		require.NoError(t, tx.Rollback().Error)
+		assert.Empty(t, loadEvents(t, db))
+	})
+}
+
+func TestEmitRefusesBadInput(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+
+		require.ErrorIs(t, outboxplugin.Emit(db, "NoTx", nil), outboxplugin.ErrNotInTransaction)
+
+		err := db.Transaction(func(tx *gorm.DB) error {
+			require.ErrorIs(t, outboxplugin.Emit(tx, "", nil), outboxplugin.ErrEmptyEventType)
+			require.ErrorIs(t, outboxplugin.Emit(tx, "Chan", make(chan int)), outboxplugin.ErrEncodePayload)
+			require.ErrorIs(t, outboxplugin.Emit(tx, "BadRaw", json.RawMessage(`{"a":`)), outboxplugin.ErrInvalidJSON)
+			require.ErrorIs(t, outboxplugin.Emit(tx, "BadBytes", []byte("not json")), outboxplugin.ErrEncodePayload)
+			return nil
+		})
+		require.NoError(t, err)
+		assert.Empty(t, loadEvents(t, db), "nothing written by refused calls")
+		require.Error(t, outboxplugin.Emit(nil, "Nil", nil))
+	})
+}
