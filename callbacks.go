@@ -75,7 +75,7 @@ type statementState struct {
 	preKeyed  []bool
 	existed   map[string]bool
 	doNothing bool // read before GORM builds the statement: MySQL's builder rewrites the clause
-	mapRows  int // rows of a []map create before GORM appended the returned ones
+	mapRows   int  // rows of a []map create before GORM appended the returned ones
 
 	// update and delete
 	single      bool  // the statement targets one model value whose key is known

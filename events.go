@@ -239,4 +239,3 @@ func rowColumns(stmt *gorm.Statement, elem reflect.Value) ([]string, []any) {
 	}
 	return names, values
 }
-
