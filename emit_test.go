@@ -37,6 +37,19 @@ func TestEmit(t *testing.T) {
 			return outboxplugin.Emit(tx, "Raw", json.RawMessage(`{"a":[1,2]}`))
 		}))
 		assert.JSONEq(t, `{"a":[1,2]}`, string(loadEvents(t, db)[1].Payload))
+
+		// Characters that need escaping on the way in, several events in one statement.
+		tricky := map[string]string{"s": "quote\" back\\ slash, {brace} ünïcödé \t tab NULL"}
+		require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+			return outboxplugin.Emit(tx, `Type "with" \ quotes`, tricky, outboxplugin.WithAggregate(`a"b`, `c\d`),
+				outboxplugin.WithHeaders(map[string]string{"h": `x"y\z`}))
+		}))
+		last := loadEvents(t, db)[2]
+		assert.Equal(t, `Type "with" \ quotes`, last.EventType)
+		assert.Equal(t, `a"b`, last.AggregateType)
+		assert.Equal(t, `c\d`, last.AggregateID)
+		assert.Equal(t, tricky["s"], payloadMap(t, last)["s"])
+		assert.JSONEq(t, `{"h":"x\"y\\z"}`, string(last.Headers))
 	})
 }
 

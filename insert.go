@@ -22,20 +22,55 @@ type insertShape struct {
 	rows    int
 }
 
+// insertStrategy is how the events of one statement reach the table.
+type insertStrategy int
+
+const (
+	// insertValues: INSERT INTO t (...) VALUES (...), (...) with one bind variable per value. Every
+	// database takes it; the text depends on the row count.
+	insertValues insertStrategy = iota + 1
+	// insertUnnest (PostgreSQL): INSERT INTO t (...) SELECT ... FROM unnest($1::text[], ...), one
+	// array per column. Seven bind variables whatever the row count, so one prepared statement
+	// serves every batch, and the server decodes six arrays instead of hundreds of parameters. A
+	// single event still goes through VALUES, which is cheaper for one row.
+	insertUnnest
+)
+
+func (s insertStrategy) String() string {
+	switch s {
+	case insertValues:
+		return "values"
+	case insertUnnest:
+		return "unnest"
+	}
+	return "unknown"
+}
+
+// strategy picks the insert of db's dialect; docs/benchmarks.md has the measurements behind it.
+func (p *Plugin) strategy(db *gorm.DB) insertStrategy {
+	if p.insertStrategy != 0 {
+		return p.insertStrategy
+	}
+	if db.Dialector.Name() == "postgres" {
+		return insertUnnest
+	}
+	return insertValues
+}
+
 // insertEvents writes events with multi-row INSERTs on pool (the transaction of the write).
 func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent) error {
 	ctx := db.Statement.Context
+	strategy := p.strategy(db)
 	for len(events) > 0 {
 		n := min(len(events), maxRowsPerInsert)
-		query := p.insertSQL(db, n)
-		args := make([]any, 0, n*len(insertColumns))
-		for i := range events[:n] {
-			e := &events[i]
-			var headers any
-			if e.headers != nil {
-				headers = *e.headers
-			}
-			args = append(args, e.messageID, e.eventType, e.aggregateType, e.aggregateID, e.payload, headers, e.createdAt)
+		var (
+			query string
+			args  []any
+		)
+		if strategy == insertUnnest && n > 1 {
+			query, args = p.unnestSQL(db), unnestArgs(events[:n])
+		} else {
+			query, args = p.valuesSQL(db, n), valuesArgs(events[:n])
 		}
 		start := time.Now()
 		_, err := pool.ExecContext(ctx, query, args...)
@@ -50,20 +85,85 @@ func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingE
 	return nil
 }
 
-// insertSQL returns INSERT INTO <table> (<columns>) VALUES (...), ... for n rows, in the bind-variable
-// syntax of db's dialect. The text is cached per dialect and row count: building it is not free, and
-// drivers that cache prepared statements by text (pgx) then reuse the server-side plan.
-func (p *Plugin) insertSQL(db *gorm.DB, n int) string {
-	shape := insertShape{dialect: db.Dialector.Name(), rows: n}
+func valuesArgs(events []pendingEvent) []any {
+	args := make([]any, 0, len(events)*len(insertColumns))
+	for i := range events {
+		e := &events[i]
+		var headers any
+		if e.headers != nil {
+			headers = *e.headers
+		}
+		args = append(args, e.messageID, e.eventType, e.aggregateType, e.aggregateID, e.payload, headers, e.createdAt)
+	}
+	return args
+}
+
+// unnestArgs passes each column as a PostgreSQL array literal ({"a","b"}) in a text parameter, which
+// every PostgreSQL driver accepts, and the creation time, shared by the events of one statement, once.
+func unnestArgs(events []pendingEvent) []any {
+	var cols [6][]byte
+	for c := range cols {
+		cols[c] = append(make([]byte, 0, 2+len(events)*40), '{')
+	}
+	for i := range events {
+		e := &events[i]
+		sep := i > 0
+		cols[0] = appendArrayElem(cols[0], e.messageID, sep)
+		cols[1] = appendArrayElem(cols[1], e.eventType, sep)
+		cols[2] = appendArrayElem(cols[2], e.aggregateType, sep)
+		cols[3] = appendArrayElem(cols[3], e.aggregateID, sep)
+		cols[4] = appendArrayElem(cols[4], e.payload, sep)
+		if sep {
+			cols[5] = append(cols[5], ',')
+		}
+		if e.headers == nil {
+			cols[5] = append(cols[5], "NULL"...)
+		} else {
+			cols[5] = appendArrayElem(cols[5], *e.headers, false)
+		}
+	}
+	args := make([]any, 0, 7)
+	for c := range cols {
+		args = append(args, string(append(cols[c], '}')))
+	}
+	return append(args, events[0].createdAt)
+}
+
+// appendArrayElem writes s as a double-quoted element of an array literal: backslash escapes
+// backslashes and double quotes, and nothing else needs it inside the quotes.
+func appendArrayElem(b []byte, s string, sep bool) []byte {
+	if sep {
+		b = append(b, ',')
+	}
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b = append(b, '\\')
+		}
+		b = append(b, s[i])
+	}
+	return append(b, '"')
+}
+
+// cachedSQL returns the statement text for shape, building it once.
+func (p *Plugin) cachedSQL(shape insertShape, build func() string) string {
 	p.sqlMu.RLock()
 	query, ok := p.sqlCache[shape]
 	p.sqlMu.RUnlock()
 	if ok {
 		return query
 	}
+	query = build()
+	p.sqlMu.Lock()
+	if len(p.sqlCache) < 256 {
+		p.sqlCache[shape] = query
+	}
+	p.sqlMu.Unlock()
+	return query
+}
 
-	stmt := &gorm.Statement{DB: db}
-	var b strings.Builder
+func (p *Plugin) insertHead(stmt *gorm.Statement) *strings.Builder {
+	b := new(strings.Builder)
 	b.WriteString("INSERT INTO ")
 	b.WriteString(stmt.Quote(p.cfg.table))
 	b.WriteString(" (")
@@ -73,27 +173,60 @@ func (p *Plugin) insertSQL(db *gorm.DB, n int) string {
 		}
 		b.WriteString(stmt.Quote(c))
 	}
-	b.WriteString(") VALUES ")
-	for r := 0; r < n; r++ {
-		if r > 0 {
-			b.WriteByte(',')
+	b.WriteString(") ")
+	return b
+}
+
+// unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::jsonb, h::jsonb, $7 FROM unnest($1::text[],
+// ..., $6::text[]).
+func (p *Plugin) unnestSQL(db *gorm.DB) string {
+	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: -1}, func() string {
+		stmt := &gorm.Statement{DB: db}
+		bind := func(b *strings.Builder) {
+			stmt.Vars = append(stmt.Vars, nil)
+			db.Dialector.BindVarTo(b, stmt, nil)
 		}
-		b.WriteByte('(')
-		for c := range insertColumns {
+		var from strings.Builder
+		from.WriteString(" FROM unnest(")
+		for c := 0; c < 6; c++ {
 			if c > 0 {
+				from.WriteByte(',')
+			}
+			bind(&from)
+			from.WriteString("::text[]")
+		}
+		from.WriteString(") AS u(m,t,a,i,p,h)")
+		b := p.insertHead(stmt)
+		b.WriteString("SELECT m,t,a,i,p::jsonb,h::jsonb,")
+		bind(b)
+		b.WriteString("::timestamptz")
+		b.WriteString(from.String())
+		return b.String()
+	})
+}
+
+// valuesSQL is INSERT INTO t (...) VALUES (...), ... for n rows, in the bind-variable syntax of db's
+// dialect. The text is cached per dialect and row count: drivers that cache prepared statements by
+// text (pgx) then reuse the server-side plan.
+func (p *Plugin) valuesSQL(db *gorm.DB, n int) string {
+	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n}, func() string {
+		stmt := &gorm.Statement{DB: db}
+		b := p.insertHead(stmt)
+		b.WriteString("VALUES ")
+		for r := 0; r < n; r++ {
+			if r > 0 {
 				b.WriteByte(',')
 			}
-			stmt.Vars = append(stmt.Vars, nil)
-			db.Dialector.BindVarTo(&b, stmt, nil)
+			b.WriteByte('(')
+			for c := range insertColumns {
+				if c > 0 {
+					b.WriteByte(',')
+				}
+				stmt.Vars = append(stmt.Vars, nil)
+				db.Dialector.BindVarTo(b, stmt, nil)
+			}
+			b.WriteByte(')')
 		}
-		b.WriteByte(')')
-	}
-	query = b.String()
-
-	p.sqlMu.Lock()
-	if len(p.sqlCache) < 256 {
-		p.sqlCache[shape] = query
-	}
-	p.sqlMu.Unlock()
-	return query
+		return b.String()
+	})
 }

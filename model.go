@@ -28,10 +28,14 @@ const DefaultTableName = "outbox_events"
 //
 // db.AutoMigrate(&OutboxEvent{}) creates the table with three indexes: the primary key; the
 // reference's (processed, created_at), which makes cleanup of old processed rows cheap; and a pending
-// index on (created_at, id) restricted to unprocessed rows, so that finding the next batch costs in
-// proportion to the batch and not to the processed rows the table keeps. The restriction is a partial
-// index on PostgreSQL and SQLite; MySQL and MariaDB have no partial indexes, so there the pending
-// index covers every row and the (processed, created_at) index is the one that finds pending rows.
+// index on (created_at, id), which makes finding the next batch cost in proportion to the batch and
+// not to the processed rows the table keeps. On PostgreSQL and SQLite both are partial indexes: the
+// pending index holds unprocessed rows only (WHERE processed = false), the reference index processed
+// rows only (WHERE processed = true), which is all cleanup reads. A new event is then added to one
+// secondary index, not two; it moves to the other when it is processed, as it would anyway since
+// processed changes. Queries must spell the predicate out (processed = false, not processed = ?) for
+// the planner to use a partial index. MySQL and MariaDB have no partial indexes: there both indexes
+// cover every row, and (processed, created_at) is the one that finds pending rows.
 //
 // Rows may be written by hand inside a transaction, as in the reference design
 // (tx.Create(&OutboxEvent{EventType: "OrderPlaced", Payload: ...})); the capture callbacks never
@@ -45,8 +49,8 @@ type OutboxEvent struct {
 	AggregateID   string     `gorm:"size:255;not null;default:''"`
 	Payload       JSON       `gorm:"not null"`
 	Headers       JSON       ``
-	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:processed_created_at,priority:2;index:,composite:pending,priority:1,where:processed = false"`
-	Processed     bool       `gorm:"not null;default:false;index:,composite:processed_created_at,priority:1"`
+	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:processed_created_at,priority:2,where:processed = true;index:,composite:pending,priority:1,where:processed = false"`
+	Processed     bool       `gorm:"not null;default:false;index:,composite:processed_created_at,priority:1,where:processed = true"`
 	ProcessedAt   *time.Time `gorm:"precision:6"`
 	Attempts      int        `gorm:"not null;default:0"`
 	NextAttemptAt *time.Time `gorm:"precision:6"`

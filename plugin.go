@@ -32,6 +32,8 @@ type Plugin struct {
 	sqlCache map[insertShape]string
 
 	customizers sync.Map // reflect.Type of a model -> bool: whether it implements EventCustomizer
+
+	insertStrategy insertStrategy // zero: per dialect; set by tests and benchmarks to compare
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of

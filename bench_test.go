@@ -1,0 +1,160 @@
+package outboxplugin_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outboxplugin"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// BenchUser is a typical business row.
+type BenchUser struct {
+	ID        uint
+	Name      string `gorm:"size:64"`
+	Email     string `gorm:"size:128"`
+	Age       int
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// writeVariant is one way of writing the same business change.
+type writeVariant struct {
+	name  string
+	db    *gorm.DB
+	write func(tx *gorm.DB, users []BenchUser) error
+}
+
+func createOnly(tx *gorm.DB, users []BenchUser) error {
+	if len(users) == 1 {
+		return tx.Create(&users[0]).Error
+	}
+	return tx.Create(&users).Error
+}
+
+// createWithHandWrittenOutbox is what an application does without the plugin: it adds the outbox
+// rows itself with GORM's Create, in the same transaction.
+func createWithHandWrittenOutbox(tx *gorm.DB, users []BenchUser) error {
+	if err := createOnly(tx, users); err != nil {
+		return err
+	}
+	rows := make([]outboxplugin.OutboxEvent, len(users))
+	for i, u := range users {
+		id := strconv.FormatUint(uint64(u.ID), 10)
+		rows[i] = outboxplugin.OutboxEvent{
+			EventType: "BenchUser_create", AggregateType: "BenchUser", AggregateID: id,
+			Payload: outboxplugin.JSON(`{"id":` + id + `}`),
+		}
+	}
+	if len(rows) == 1 {
+		return tx.Create(&rows[0]).Error
+	}
+	return tx.Create(&rows).Error
+}
+
+// BenchmarkWritePath measures the cost the plugin adds to a write, on each database: plain GORM, GORM
+// with the plugin, and GORM with outbox rows written by hand, for one Create in a transaction and for
+// a 100-row Create. The variants run interleaved, in rotating order, in the same loop, so that drift
+// on a shared machine hits them alike; the reported ratios (plugin/plain, handwritten/plain) are
+// the figures to read.
+//
+//	go test -run '^$' -bench BenchmarkWritePath -benchtime 300x
+func BenchmarkWritePath(b *testing.B) {
+	for _, d := range dialects {
+		b.Run(d.name, func(b *testing.B) {
+			plain, withPlugin := openBenchPair(b, d, "")
+			resetTables(b, plain, &BenchUser{}, &outboxplugin.OutboxEvent{})
+			variants := []writeVariant{
+				{"plain", plain, createOnly},
+				{"plugin", withPlugin, createOnly},
+				{"handwritten", plain, createWithHandWrittenOutbox},
+			}
+			if d.name == "postgres" {
+				// The default on PostgreSQL is unnest; compare with the plain multi-row VALUES.
+				_, withValues := openBenchPair(b, d, "values")
+				variants = append(variants, writeVariant{"plugin_values", withValues, createOnly})
+			}
+			for _, rows := range []int{1, 100} {
+				name := "single"
+				if rows > 1 {
+					name = fmt.Sprintf("batch%d", rows)
+				}
+				b.Run(name, func(b *testing.B) { runInterleaved(b, variants, rows) })
+			}
+		})
+	}
+}
+
+func runInterleaved(b *testing.B, variants []writeVariant, rows int) {
+	spent := make([]time.Duration, len(variants))
+	users := make([]BenchUser, rows)
+	op := func(v writeVariant) {
+		for i := range users {
+			users[i] = BenchUser{Name: "bench", Email: "bench@example.com", Age: i}
+		}
+		err := v.db.Transaction(func(tx *gorm.DB) error { return v.write(tx, users) })
+		if err != nil {
+			b.Fatalf("%s: %v", v.name, err)
+		}
+	}
+	for _, v := range variants { // warm up connections and statement caches
+		op(v)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range variants {
+			k := (i + j) % len(variants)
+			start := time.Now()
+			op(variants[k])
+			spent[k] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	perOp := func(k int) float64 { return float64(spent[k].Nanoseconds()) / float64(b.N) }
+	for k, v := range variants {
+		b.ReportMetric(perOp(k)/1e3, v.name+"-µs/op")
+	}
+	for k, v := range variants[1:] {
+		b.ReportMetric(perOp(k+1)/perOp(0), v.name+"/plain")
+	}
+}
+
+// openBenchPair opens two *gorm.DB on the same database, one without and one with the plugin
+// (writing with the named insert strategy, or the dialect's default when empty).
+func openBenchPair(b *testing.B, d dialect, strategy string) (plain, withPlugin *gorm.DB) {
+	b.Helper()
+	cfg := func() *gorm.Config { return &gorm.Config{Logger: logger.Discard} }
+	if d.name == "sqlite" {
+		dsn := "file:" + filepath.Join(b.TempDir(), "bench.db") + "?_busy_timeout=5000&_journal_mode=WAL"
+		var err error
+		if plain, err = gorm.Open(sqlite.Open(dsn), cfg()); err != nil {
+			b.Fatal(err)
+		}
+		if withPlugin, err = gorm.Open(sqlite.Open(dsn), cfg()); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			for _, db := range []*gorm.DB{plain, withPlugin} {
+				if sqlDB, err := db.DB(); err == nil {
+					sqlDB.Close()
+				}
+			}
+		})
+	} else {
+		plain = openDB(b, d, cfg())
+		withPlugin = openDB(b, d, cfg())
+	}
+	p := outboxplugin.New()
+	if strategy != "" {
+		outboxplugin.UseInsertStrategy(p, strategy)
+	}
+	if err := withPlugin.Use(p); err != nil {
+		b.Fatal(err)
+	}
+	return plain, withPlugin
+}
