@@ -124,9 +124,15 @@ func (p *Plugin) begin(op ChangesetType) func(*gorm.DB) {
 	}
 }
 
+// commitOrRollback ends the chain: it forgets the statement's state (a *gorm.DB chain may run
+// several operations on one statement) and ends the transaction outbox:begin opened, if any.
 func (p *Plugin) commitOrRollback(db *gorm.DB) {
 	st := stateOf(db)
-	if st == nil || !st.startedTx {
+	if st == nil {
+		return
+	}
+	db.Statement.Settings.Delete(fmt.Sprintf("%p", db.Statement) + stateKey) // the key InstanceSet used
+	if !st.startedTx {
 		return
 	}
 	st.startedTx = false

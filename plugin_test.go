@@ -101,6 +101,13 @@ func TestSave(t *testing.T) {
 		u.Name = "changed"
 		require.NoError(t, db.Save(&u).Error)
 		assert.Equal(t, []string{"User_create " + ids(u.ID)[0], "User_update " + ids(u.ID)[0]}, eventKeys(t, loadEvents(t, db)))
+
+		// Save of a slice is an upsert: the existing row is updated, the new one created.
+		before := len(loadEvents(t, db))
+		both := []User{u, {Name: "second"}}
+		require.NoError(t, db.Save(&both).Error)
+		require.NotZero(t, both[1].ID)
+		assert.Equal(t, []string{"User_create " + ids(both[1].ID)[0], "User_update " + ids(u.ID)[0]}, eventKeys(t, loadEvents(t, db)[before:]))
 	})
 }
 
@@ -385,6 +392,24 @@ func TestSkipDefaultTransaction(t *testing.T) {
 	})
 }
 
+func TestPreparedStatementsAndReusedChains(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, &gorm.Config{PrepareStmt: true})
+		users := []User{{Name: "a", Status: "x"}, {Name: "b", Status: "x"}}
+		require.NoError(t, db.Create(&users).Error)
+		require.NoError(t, db.Model(&User{}).Where("status = ?", "x").Update("age", 7).Error)
+
+		// One chain, two operations: the second must not reuse the first one's capture state.
+		chain := db.Model(&users[0])
+		require.NoError(t, chain.Update("age", 8).Error)
+		require.NoError(t, chain.Update("age", 9).Error)
+
+		got := eventKeys(t, loadEvents(t, db))
+		exp := append(want("User_create", users[0].ID, users[1].ID), want("User_update", users[0].ID, users[0].ID, users[0].ID, users[1].ID)...)
+		assert.Equal(t, exp, got)
+	})
+}
+
 func TestHandWrittenOutboxRow(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
@@ -439,5 +464,43 @@ func TestGenericsAPI(t *testing.T) {
 		got := eventKeys(t, loadEvents(t, db))
 		exp := append(append(want("Pet_create", a.ID, b.ID), want("Pet_delete", a.ID)...), want("Pet_update", a.ID, b.ID)...)
 		assert.Equal(t, exp, got)
+	})
+}
+
+func TestCreateFromSliceOfMaps(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		rows := []map[string]any{{"name": "m1"}, {"name": "m2"}}
+		require.NoError(t, db.Model(&User{}).Create(&rows).Error)
+		var users []User
+		require.NoError(t, db.Order("id").Find(&users).Error)
+		require.Len(t, users, 2)
+		assert.Equal(t, want("User_create", users[0].ID, users[1].ID), eventKeys(t, loadEvents(t, db)))
+	})
+}
+
+func TestAssociationModeAndFirstOrCreate(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		u := User{Name: "owner"}
+		require.NoError(t, db.Create(&u).Error)
+
+		before := len(loadEvents(t, db))
+		pet := Pet{Name: "rex"}
+		require.NoError(t, db.Model(&u).Association("Pets").Append(&pet))
+		got := eventKeys(t, loadEvents(t, db)[before:])
+		assert.Contains(t, got, "Pet_create "+ids(pet.ID)[0])
+
+		before = len(loadEvents(t, db))
+		require.NoError(t, db.Model(&u).Association("Pets").Clear())
+		assert.Equal(t, want("Pet_update", pet.ID), eventKeys(t, loadEvents(t, db)[before:]), "Clear sets the foreign key to NULL")
+
+		before = len(loadEvents(t, db))
+		var found User
+		require.NoError(t, db.Where(User{Name: "owner"}).FirstOrCreate(&found).Error)
+		assert.Len(t, loadEvents(t, db), before, "found: nothing written")
+		var created User
+		require.NoError(t, db.Where(User{Name: "newcomer"}).FirstOrCreate(&created).Error)
+		assert.Equal(t, want("User_create", created.ID), eventKeys(t, loadEvents(t, db)[before:]))
 	})
 }

@@ -1,0 +1,98 @@
+// Command quickstart shows the outbox on an embedded SQLite database, in a temporary directory: it
+// creates, updates and deletes a few rows through GORM with the plugin registered, writes one
+// explicit event, rolls one transaction back, and prints the outbox events the changes left behind.
+//
+//	go run ./examples/quickstart
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+
+	"github.com/gorm-outbox/outboxplugin"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+type User struct {
+	ID     uint
+	Name   string
+	Status string
+}
+
+func main() {
+	if err := run(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run() error {
+	dir, err := os.MkdirTemp("", "outbox-quickstart-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	db, err := gorm.Open(sqlite.Open(filepath.Join(dir, "app.db")), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		return err
+	}
+	if err := db.Use(outboxplugin.New()); err != nil {
+		return err
+	}
+	if err := db.AutoMigrate(&User{}, &outboxplugin.OutboxEvent{}); err != nil {
+		return err
+	}
+
+	// Ordinary GORM calls: each changed row gets an event in the same transaction.
+	ann, bob := User{Name: "ann", Status: "new"}, User{Name: "bob", Status: "new"}
+	if err := db.Create(&[]*User{&ann, &bob}).Error; err != nil {
+		return err
+	}
+	if err := db.Model(&ann).Update("name", "Ann").Error; err != nil {
+		return err
+	}
+	if err := db.Model(&User{}).Where("status = ?", "new").Update("status", "active").Error; err != nil {
+		return err
+	}
+	if err := db.Delete(&bob).Error; err != nil {
+		return err
+	}
+
+	// An explicit domain event, committed with the row it belongs to.
+	err = db.Transaction(func(tx *gorm.DB) error {
+		carl := User{Name: "carl", Status: "invited"}
+		if err := tx.Create(&carl).Error; err != nil {
+			return err
+		}
+		return outboxplugin.Emit(tx, "UserInvited", map[string]any{"id": carl.ID, "by": "ann"},
+			outboxplugin.WithAggregate("User", fmt.Sprint(carl.ID)))
+	})
+	if err != nil {
+		return err
+	}
+
+	// A transaction that fails leaves neither its row nor its event.
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Create(&User{Name: "ghost"}).Error; err != nil {
+			return err
+		}
+		return errors.New("changed my mind")
+	})
+	fmt.Printf("rolled back: %v\n\n", err)
+
+	var events []outboxplugin.OutboxEvent
+	if err := db.Order("id").Find(&events).Error; err != nil {
+		return err
+	}
+	fmt.Printf("%d outbox events:\n", len(events))
+	fmt.Printf("%-3s %-14s %-6s %-28s %s\n", "id", "event_type", "key", "payload", "message_id")
+	for _, e := range events {
+		fmt.Printf("%-3d %-14s %-6s %-28s %s\n", e.ID, e.EventType, e.AggregateType+":"+e.AggregateID, e.Payload, e.MessageID)
+	}
+	return nil
+}
