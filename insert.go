@@ -19,7 +19,8 @@ const maxRowsPerInsert = 1000
 
 type insertShape struct {
 	dialect string
-	rows    int
+	rows    int // -1: unnest, any number of rows
+	notify  bool
 }
 
 // insertStrategy is how the events of one statement reach the table.
@@ -61,6 +62,7 @@ func (p *Plugin) strategy(db *gorm.DB) insertStrategy {
 func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent) error {
 	ctx := db.Statement.Context
 	strategy := p.strategy(db)
+	notify := p.cfg.notify && db.Dialector.Name() == "postgres"
 	for len(events) > 0 {
 		n := min(len(events), maxRowsPerInsert)
 		var (
@@ -68,9 +70,9 @@ func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingE
 			args  []any
 		)
 		if strategy == insertUnnest && n > 1 {
-			query, args = p.unnestSQL(db), unnestArgs(events[:n])
+			query, args = p.unnestSQL(db, notify), unnestArgs(events[:n])
 		} else {
-			query, args = p.valuesSQL(db, n), valuesArgs(events[:n])
+			query, args = p.valuesSQL(db, n, notify), valuesArgs(events[:n])
 		}
 		start := time.Now()
 		_, err := pool.ExecContext(ctx, query, args...)
@@ -162,8 +164,19 @@ func (p *Plugin) cachedSQL(shape insertShape, build func() string) string {
 	return query
 }
 
-func (p *Plugin) insertHead(stmt *gorm.Statement) *strings.Builder {
+// insertHead writes INSERT INTO <table> (<columns>), preceded with notify by a CTE
+// n AS MATERIALIZED (SELECT pg_notify(...)) on the channel named after the table, with an empty
+// payload. The notification rides in the INSERT itself, so it costs no round trip; the CTE is
+// materialised so that it runs once per statement, and PostgreSQL folds the identical notifications
+// of one transaction into one, delivered at commit (none on rollback). The table name is a validated
+// identifier, safe to write as a literal.
+func (p *Plugin) insertHead(stmt *gorm.Statement, notify bool) *strings.Builder {
 	b := new(strings.Builder)
+	if notify {
+		b.WriteString("WITH n AS MATERIALIZED (SELECT pg_notify('")
+		b.WriteString(p.cfg.table)
+		b.WriteString("', '')) ")
+	}
 	b.WriteString("INSERT INTO ")
 	b.WriteString(stmt.Quote(p.cfg.table))
 	b.WriteString(" (")
@@ -178,9 +191,9 @@ func (p *Plugin) insertHead(stmt *gorm.Statement) *strings.Builder {
 }
 
 // unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::jsonb, h::jsonb, $7 FROM unnest($1::text[],
-// ..., $6::text[]).
-func (p *Plugin) unnestSQL(db *gorm.DB) string {
-	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: -1}, func() string {
+// ..., $6::text[]) [, n].
+func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
+	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: -1, notify: notify}, func() string {
 		stmt := &gorm.Statement{DB: db}
 		bind := func(b *strings.Builder) {
 			stmt.Vars = append(stmt.Vars, nil)
@@ -196,7 +209,10 @@ func (p *Plugin) unnestSQL(db *gorm.DB) string {
 			from.WriteString("::text[]")
 		}
 		from.WriteString(") AS u(m,t,a,i,p,h)")
-		b := p.insertHead(stmt)
+		if notify {
+			from.WriteString(", n")
+		}
+		b := p.insertHead(stmt, notify)
 		b.WriteString("SELECT m,t,a,i,p::jsonb,h::jsonb,")
 		bind(b)
 		b.WriteString("::timestamptz")
@@ -205,13 +221,21 @@ func (p *Plugin) unnestSQL(db *gorm.DB) string {
 	})
 }
 
+// pgValueCasts type the values of a VALUES list used as a FROM item (with notify), where PostgreSQL
+// cannot infer them from the target columns.
+var pgValueCasts = [...]string{"::text", "::text", "::text", "::text", "::jsonb", "::jsonb", "::timestamptz"}
+
 // valuesSQL is INSERT INTO t (...) VALUES (...), ... for n rows, in the bind-variable syntax of db's
-// dialect. The text is cached per dialect and row count: drivers that cache prepared statements by
-// text (pgx) then reuse the server-side plan.
-func (p *Plugin) valuesSQL(db *gorm.DB, n int) string {
-	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n}, func() string {
+// dialect; with notify, INSERT INTO t (...) SELECT v.* FROM (VALUES ...) v, n. The text is cached per
+// dialect and row count: drivers that cache prepared statements by text (pgx) then reuse the
+// server-side plan.
+func (p *Plugin) valuesSQL(db *gorm.DB, n int, notify bool) string {
+	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n, notify: notify}, func() string {
 		stmt := &gorm.Statement{DB: db}
-		b := p.insertHead(stmt)
+		b := p.insertHead(stmt, notify)
+		if notify {
+			b.WriteString("SELECT v.* FROM (")
+		}
 		b.WriteString("VALUES ")
 		for r := 0; r < n; r++ {
 			if r > 0 {
@@ -224,8 +248,14 @@ func (p *Plugin) valuesSQL(db *gorm.DB, n int) string {
 				}
 				stmt.Vars = append(stmt.Vars, nil)
 				db.Dialector.BindVarTo(b, stmt, nil)
+				if notify {
+					b.WriteString(pgValueCasts[c])
+				}
 			}
 			b.WriteByte(')')
+		}
+		if notify {
+			b.WriteString(") AS v, n")
 		}
 		return b.String()
 	})

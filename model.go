@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -155,7 +156,9 @@ func (JSON) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
 }
 
 // AutoMigrate creates or updates the outbox table that db's plugin writes to (DefaultTableName when
-// the plugin is not registered or was not given WithTableName), with its indexes.
+// the plugin is not registered or was not given WithTableName), with its indexes, and on PostgreSQL
+// gives it the storage setting the relay wants (see pgFillFactor; a worker applies it too, the first
+// time it runs, when the table was created with db.AutoMigrate).
 func AutoMigrate(db *gorm.DB) error {
 	table := DefaultTableName
 	if p := pluginOf(db); p != nil {
@@ -164,5 +167,31 @@ func AutoMigrate(db *gorm.DB) error {
 	if err := db.Table(table).AutoMigrate(&OutboxEvent{}); err != nil {
 		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
 	}
+	if err := setFillFactor(db, table); err != nil {
+		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
+	}
 	return nil
+}
+
+// pgFillFactor is the fill factor of the outbox table on PostgreSQL. A relay's claim rewrites each
+// row it leases (owner, lease expiry, attempts), none of them indexed columns: with room left on the
+// row's page PostgreSQL updates it in place (a HOT update), with no new index entries and no dead
+// ones for the next claim to step over. Measured in docs/benchmarks.md: 70% raises relay throughput
+// by about a tenth and costs the write path a few percent.
+const pgFillFactor = 70
+
+// setFillFactor applies pgFillFactor to a PostgreSQL table that has no fill factor of its own.
+func setFillFactor(db *gorm.DB, table string) error {
+	if db.Dialector.Name() != "postgres" {
+		return nil
+	}
+	var options string
+	err := db.Raw(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = to_regclass(?)`, table).Scan(&options).Error
+	if err != nil {
+		return fmt.Errorf("read storage options: %w", err)
+	}
+	if strings.Contains(options, "fillfactor=") {
+		return nil
+	}
+	return db.Exec(fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, (&gorm.Statement{DB: db}).Quote(table), pgFillFactor)).Error
 }

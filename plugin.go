@@ -116,10 +116,11 @@ type config struct {
 	headers   func(context.Context) map[string]string
 	only      map[reflect.Type]bool // nil: every model
 	skip      map[reflect.Type]bool
+	notify    bool
 }
 
 func defaultConfig() config {
-	return config{table: DefaultTableName, payload: PayloadKey}
+	return config{table: DefaultTableName, payload: PayloadKey, notify: true}
 }
 
 // identifierRE accepts a plain or schema-qualified SQL identifier. Anything else (quotes, spaces,
@@ -171,6 +172,17 @@ func WithContextHeaders(fn func(context.Context) map[string]string) Option {
 			return fmt.Errorf("%w: WithContextHeaders(nil)", ErrInvalidOption)
 		}
 		c.headers = fn
+		return nil
+	}
+}
+
+// WithoutNotify stops the PostgreSQL notification the plugin otherwise sends with the events of each
+// transaction (pg_notify on a channel named after the outbox table, delivered at commit) to wake
+// relays at once. Turn it off behind PgBouncer in transaction mode, which does not carry
+// notifications; relays then find events by polling. Other databases have no notifications.
+func WithoutNotify() Option {
+	return func(c *config) error {
+		c.notify = false
 		return nil
 	}
 }

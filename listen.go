@@ -1,0 +1,156 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Wake-up on PostgreSQL. The capture side calls pg_notify(<table>, '') inside the statement that
+// inserts events (PostgreSQL delivers one notification per channel and payload per transaction, at
+// commit); the worker LISTENs on a connection of its own from the pool and wakes Run at once.
+// Polling stays the fallback: a lost notification (a dropped connection, PgBouncer in transaction
+// mode) only delays events until the next poll.
+//
+// Waiting for a notification needs the driver's own API: database/sql has none. gorm.io/driver/postgres
+// uses pgx, whose connections have WaitForNotification. The core module depends on gorm.io/gorm only,
+// so it reaches that method through reflection rather than importing pgx; with another driver, or a
+// pgx whose API changed, the worker logs once and polls.
+
+var errListenUnsupported = errors.New("the database driver does not expose pgx's WaitForNotification")
+
+// listen runs until ctx ends, reconnecting with growing pauses after errors.
+func (w *Worker) listen(ctx context.Context) {
+	pause := time.Second
+	for {
+		err := w.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errListenUnsupported) {
+			w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: no LISTEN wake-up, polling only",
+				slog.String("worker", w.owner), slog.Any("reason", err))
+			return
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: LISTEN connection lost, polling meanwhile",
+			slog.String("worker", w.owner), slog.Any("error", err), slog.Duration("retry_in", pause))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(pause*2, 30*time.Second)
+	}
+}
+
+func (w *Worker) listenOnce(ctx context.Context) error {
+	sqlDB, err := w.db.DB()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errListenUnsupported, err)
+	}
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	// The connection carries LISTEN state (and may have been interrupted mid-read): never hand it
+	// back to the pool, close it.
+	defer func() {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = conn.Close()
+	}()
+	if _, err := conn.ExecContext(ctx, "LISTEN "+quotePGIdent(w.cfg.table)); err != nil {
+		return err
+	}
+	// Events committed before LISTEN took effect would otherwise wait for a poll.
+	w.Wake()
+	for {
+		err := conn.Raw(func(dc any) error { return waitForNotification(ctx, dc) })
+		if err != nil {
+			return err
+		}
+		w.Wake()
+	}
+}
+
+var (
+	contextType = reflect.TypeFor[context.Context]()
+	errorType   = reflect.TypeFor[error]()
+)
+
+// waitForNotification calls (*stdlib.Conn).Conn().WaitForNotification(ctx) on a pgx connection.
+func waitForNotification(ctx context.Context, driverConn any) error {
+	connMethod := reflect.ValueOf(driverConn).MethodByName("Conn")
+	if !connMethod.IsValid() || connMethod.Type().NumIn() != 0 || connMethod.Type().NumOut() != 1 {
+		return fmt.Errorf("%w (%T)", errListenUnsupported, driverConn)
+	}
+	pgxConn := connMethod.Call(nil)[0]
+	wait := pgxConn.MethodByName("WaitForNotification")
+	if !wait.IsValid() {
+		return fmt.Errorf("%w (%s)", errListenUnsupported, pgxConn.Type())
+	}
+	t := wait.Type()
+	if t.NumIn() != 1 || t.In(0) != contextType || t.NumOut() != 2 || t.Out(1) != errorType {
+		return fmt.Errorf("%w (signature %s)", errListenUnsupported, t)
+	}
+	out := wait.Call([]reflect.Value{reflect.ValueOf(ctx)})
+	if errV := out[1]; !errV.IsNil() {
+		return errV.Interface().(error)
+	}
+	return nil
+}
+
+// quotePGIdent quotes a (validated) table name as one identifier, the channel name.
+func quotePGIdent(name string) string {
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// prepareTable runs once per worker, before its first claim: on PostgreSQL it gives the table the
+// fill factor claims want, if it has none (logging, not failing, when the worker may not alter the
+// table), and with per-key ordering it creates the index the ordering probes.
+func (w *Worker) prepareTable(ctx context.Context) error {
+	w.prepareMu.Lock()
+	defer w.prepareMu.Unlock()
+	if w.prepared {
+		return nil
+	}
+	if err := setFillFactor(w.db.WithContext(ctx), w.cfg.table); err != nil {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: could not set the outbox table's fill factor; claims will be slower",
+			slog.String("worker", w.owner), slog.Any("error", err))
+	}
+	if err := w.ensureKeyIndex(ctx); err != nil {
+		return err
+	}
+	w.prepared = true
+	return nil
+}
+
+// ensureKeyIndex creates the index per-key ordering probes.
+func (w *Worker) ensureKeyIndex(ctx context.Context) error {
+	if !w.cfg.keyOrdering {
+		return nil
+	}
+	name := "idx_" + strings.ReplaceAll(w.cfg.table, ".", "_") + "_key_pending"
+	db := w.db.WithContext(ctx)
+	var err error
+	switch w.sql.dialect {
+	case "mysql":
+		var n int64
+		err = db.Raw(`SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE()`+
+			` AND table_name = ? AND index_name = ?`, w.cfg.table, name).Scan(&n).Error
+		if err == nil && n == 0 {
+			err = db.Exec(`CREATE INDEX ` + name + ` ON ` + w.sql.table + ` (aggregate_type, aggregate_id, id)`).Error
+		}
+	default:
+		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + w.sql.table +
+			` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
+	}
+	if err != nil {
+		return fmt.Errorf("outboxplugin: create the per-key ordering index %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,54 @@
+package outboxplugin
+
+import (
+	"context"
+	"time"
+)
+
+// Observer receives what the worker does, for metrics, tracing and alerting. Its methods are called
+// from the worker's goroutine and must return quickly. Embed NopObserver to implement only some.
+type Observer interface {
+	// BatchDone is called after each batch that claimed at least one event.
+	BatchDone(ctx context.Context, r BatchResult)
+	// Dead is called once for each event that is given up on, with the error of its last delivery.
+	Dead(ctx context.Context, m Message, err error)
+	// Backlog reports the number of events waiting to be published (dead ones excluded), measured
+	// every backlog interval (WithBacklogInterval) while the worker runs.
+	Backlog(ctx context.Context, pending int64)
+}
+
+// BatchResult is what happened to one batch.
+type BatchResult struct {
+	// Claimed is the number of events the batch took.
+	Claimed int
+	// Published are the messages the publisher accepted and that were then marked done (or deleted).
+	Published []Message
+	// Failed are the messages that were not published; each will be retried, or is dead.
+	Failed []FailedMessage
+	// Released is the number of events handed back unpublished because the worker was stopping.
+	Released int
+	// Durations of the three steps: claiming, publishing, and recording the outcome.
+	ClaimDuration, PublishDuration, FinishDuration time.Duration
+}
+
+// FailedMessage is a message whose delivery failed.
+type FailedMessage struct {
+	Message Message
+	Err     error
+	// Dead is true when this was the last attempt: the event will not be retried.
+	Dead bool
+	// NextAttempt is when the event becomes due again (zero when Dead).
+	NextAttempt time.Time
+}
+
+// NopObserver ignores everything; embed it to implement part of Observer.
+type NopObserver struct{}
+
+// BatchDone does nothing.
+func (NopObserver) BatchDone(context.Context, BatchResult) {}
+
+// Dead does nothing.
+func (NopObserver) Dead(context.Context, Message, error) {}
+
+// Backlog does nothing.
+func (NopObserver) Backlog(context.Context, int64) {}

@@ -1,0 +1,427 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// The relay's SQL, per database, in one place. The text is built once per worker, with the dialect's
+// quoting, bind variables and locking clause (GORM's), and run on the *sql.DB directly: the relay's
+// statements are few and hot, and GORM's per-call statement building would cost a fifth of the
+// throughput.
+//
+// Claiming is a lease: one short statement (MySQL/MariaDB: one short transaction) picks the next
+// pending rows with FOR UPDATE SKIP LOCKED, so that concurrent relays skip each other's rows instead
+// of waiting, stamps them with the worker's id, a lease expiry and one more attempt, and commits.
+// Publishing then holds no lock and no connection. Finishing updates only rows whose lease is still
+// the worker's (locked_by = me): if the lease ran out and another relay took a row, the other relay
+// owns it now and publishes it again — a duplicate, never a loss. Run records a fully published
+// batch in the same statement (PostgreSQL) or transaction as the next claim, one commit per batch.
+//
+// Every comparison with the current time takes the worker's clock as a parameter, so the same
+// statements work on the three databases and SQLite, which stores times as text, compares like with
+// like; relays' clocks must agree to within a small part of the lease (NTP does).
+type relaySQL struct {
+	dialect string
+	table   string // quoted
+	db      *sql.DB
+
+	// PostgreSQL and SQLite claim with one UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)
+	// RETURNING. PostgreSQL's claimAfterDone also marks the previous batch done, in a CTE.
+	claimUpdate, claimAfterDone, claimAfterDelete string
+	// MySQL/MariaDB have no UPDATE … RETURNING and cannot UPDATE a table through a LIMIT subquery
+	// on itself: SELECT … FOR UPDATE SKIP LOCKED, then UPDATE the rows found, in one transaction.
+	claimSelect, claimStamp string
+
+	keyOrdering bool
+}
+
+// returnedColumns are the columns a claim reads back, in scan order.
+const returnedColumns = "id, message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, attempts"
+
+func newRelaySQL(db *gorm.DB, table string, keyOrdering bool) (*relaySQL, error) {
+	dialect := db.Dialector.Name()
+	switch dialect {
+	case "postgres", "mysql", "sqlite":
+	default:
+		return nil, fmt.Errorf("%w: %q", ErrUnsupportedDialect, dialect)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("the relay needs a *sql.DB: %w", err)
+	}
+	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
+	q := &relaySQL{dialect: dialect, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering}
+
+	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
+	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
+	// two relays' claims run one after the other.
+	stmt.AddClause(clause.Locking{Strength: clause.LockingStrengthUpdate, Options: clause.LockingOptionsSkipLocked})
+	stmt.Build("FOR")
+	lock := stmt.SQL.String()
+
+	// The pending predicate spells processed = false out, so that the planner can use the partial
+	// pending index (created_at, id) WHERE processed = false on PostgreSQL and SQLite, and the
+	// (processed, created_at) index on MySQL: the scan starts at the oldest pending row and stops
+	// after the batch, however many processed rows the table keeps.
+	pending := `c.processed = false AND c.dead_at IS NULL` +
+		` AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= ?)` +
+		` AND (c.locked_until IS NULL OR c.locked_until < ?)`
+	if keyOrdering {
+		// Only the head of each key: no earlier unprocessed event of the same key (dead ones
+		// included: they block their key until requeued), and no event of the key in flight under
+		// a live lease (one committed after a later one was claimed waits for it). Events without a
+		// key are independent. The key index (aggregate_type, aggregate_id, id) WHERE
+		// processed = false keeps the probe to a few index entries.
+		pending += ` AND ((c.aggregate_type = '' AND c.aggregate_id = '') OR NOT EXISTS (` +
+			`SELECT 1 FROM ` + q.table + ` p WHERE p.aggregate_type = c.aggregate_type` +
+			` AND p.aggregate_id = c.aggregate_id AND p.processed = false AND p.id <> c.id` +
+			` AND (p.id < c.id OR p.locked_until >= ?)))`
+	}
+	pick := `SELECT c.id FROM ` + q.table + ` c WHERE ` + pending + ` ORDER BY c.created_at, c.id LIMIT ? ` + lock
+	stamp := `UPDATE ` + q.table + ` SET locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
+
+	switch dialect {
+	case "mysql":
+		q.claimSelect = strings.Replace(pick, "SELECT c.id", "SELECT "+prefixColumns("c.", returnedColumns), 1)
+		q.claimStamp = stamp // + id IN (...)
+	case "postgres":
+		claim := stamp + `id IN (` + pick + `) RETURNING ` + returnedColumns
+		q.claimUpdate = q.bind(claim)
+		// The previous batch is marked done in the same statement. Its rows are leased to this
+		// worker, so the claim's subquery (which sees the table as it was before the statement) does
+		// not pick them again.
+		q.claimAfterDone = q.bind(`WITH done AS (UPDATE ` + q.table + ` SET processed = true, processed_at = ?,` +
+			` locked_by = NULL, locked_until = NULL WHERE id = ANY(?::bigint[]) AND locked_by = ?) ` + claim)
+		q.claimAfterDelete = q.bind(`WITH done AS (DELETE FROM ` + q.table +
+			` WHERE id = ANY(?::bigint[]) AND locked_by = ?) ` + claim)
+	default:
+		q.claimUpdate = stamp + `id IN (` + pick + `) RETURNING ` + returnedColumns
+	}
+	return q, nil
+}
+
+// bind rewrites ? placeholders as PostgreSQL's $n. The relay's SQL has no ? anywhere else.
+func (q *relaySQL) bind(query string) string {
+	if q.dialect != "postgres" {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+// idList returns the text and arguments that select ids: = ANY($n::bigint[]) with one array on
+// PostgreSQL (one statement text for every batch size), IN (?, …) elsewhere.
+func (q *relaySQL) idList(ids []int64) (string, []any) {
+	if q.dialect == "postgres" {
+		b := make([]byte, 0, 2+len(ids)*8)
+		b = append(b, '{')
+		for i, id := range ids {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, id, 10)
+		}
+		return "id = ANY(?::bigint[])", []any{string(append(b, '}'))}
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return "id IN (" + strings.TrimSuffix(strings.Repeat("?,", len(ids)), ",") + ")", args
+}
+
+func prefixColumns(prefix, cols string) string {
+	parts := strings.Split(cols, ", ")
+	for i, p := range parts {
+		parts[i] = prefix + p
+	}
+	return strings.Join(parts, ", ")
+}
+
+// claimedRow is a row the worker holds a lease on.
+type claimedRow struct {
+	id  int64
+	msg Message
+}
+
+// pickArgs are the values of the pick subquery's placeholders, in text order.
+func (q *relaySQL) pickArgs(now time.Time, limit int) []any {
+	args := []any{now, now}
+	if q.keyOrdering {
+		args = append(args, now)
+	}
+	return append(args, limit)
+}
+
+// doneBatch is a published batch whose rows Run marks done together with the next claim.
+type doneBatch struct {
+	ids []int64
+	now time.Time
+}
+
+// claim leases up to limit pending rows to owner until leaseUntil. When prev is not nil, its rows are
+// marked done (or deleted) in the same statement or transaction.
+func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time.Time, limit int, prev *doneBatch, deleteDone bool) ([]claimedRow, error) {
+	claimArgs := append([]any{owner, leaseUntil}, q.pickArgs(now, limit)...)
+	switch {
+	case q.dialect == "postgres" && prev != nil:
+		_, ids := q.idList(prev.ids)
+		var rows *sql.Rows
+		var err error
+		if deleteDone {
+			rows, err = q.db.QueryContext(ctx, q.claimAfterDelete, append([]any{ids[0], owner}, claimArgs...)...)
+		} else {
+			rows, err = q.db.QueryContext(ctx, q.claimAfterDone, append([]any{prev.now, ids[0], owner}, claimArgs...)...)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return scanClaimed(rows, 0)
+	case q.dialect == "postgres":
+		rows, err := q.db.QueryContext(ctx, q.claimUpdate, claimArgs...)
+		if err != nil {
+			return nil, err
+		}
+		return scanClaimed(rows, 0)
+	}
+
+	var claimed []claimedRow
+	err := q.inTx(ctx, func(tx *sql.Tx) error {
+		if prev != nil {
+			if err := q.markDone(ctx, tx, owner, prev.ids, prev.now, deleteDone); err != nil {
+				return err
+			}
+		}
+		if q.dialect == "sqlite" {
+			rows, err := tx.QueryContext(ctx, q.claimUpdate, claimArgs...)
+			if err != nil {
+				return err
+			}
+			claimed, err = scanClaimed(rows, 0)
+			return err
+		}
+		rows, err := tx.QueryContext(ctx, q.claimSelect, q.pickArgs(now, limit)...)
+		if err != nil {
+			return err
+		}
+		// Read before the stamp, which adds the attempt.
+		if claimed, err = scanClaimed(rows, 1); err != nil || len(claimed) == 0 {
+			return err
+		}
+		in, ids := q.idList(rowIDs(claimed))
+		_, err = tx.ExecContext(ctx, q.claimStamp+in, append([]any{owner, leaseUntil}, ids...)...)
+		return err
+	})
+	return claimed, err
+}
+
+// inTx runs fn in a transaction.
+func (q *relaySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := q.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return errors.Join(err, tx.Rollback())
+	}
+	return tx.Commit()
+}
+
+// execer is a *sql.DB or *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+func scanClaimed(rows *sql.Rows, attemptOffset int) (out []claimedRow, err error) {
+	defer func() { err = errors.Join(err, rows.Close()) }()
+	for rows.Next() {
+		var (
+			r        claimedRow
+			payload  []byte
+			headers  []byte
+			created  any
+			attempts int
+		)
+		m := &r.msg
+		if err := rows.Scan(&r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts); err != nil {
+			return nil, fmt.Errorf("scan claimed row: %w", err)
+		}
+		m.Payload = payload
+		if len(headers) > 0 && string(headers) != "null" {
+			if err := json.Unmarshal(headers, &m.Headers); err != nil {
+				return nil, fmt.Errorf("event %s: headers: %w", m.ID, err)
+			}
+		}
+		if m.CreatedAt, err = asTime(created); err != nil {
+			return nil, fmt.Errorf("event %s: created_at: %w", m.ID, err)
+		}
+		m.Key = messageKey(m.AggregateType, m.AggregateID)
+		m.Attempt = attempts + attemptOffset
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	sortClaimed(out)
+	return out, nil
+}
+
+// sortClaimed puts a batch in creation order; RETURNING gives rows in no particular order.
+func sortClaimed(rows []claimedRow) {
+	for i := 1; i < len(rows); i++ {
+		for j := i; j > 0 && claimedBefore(rows[j], rows[j-1]); j-- {
+			rows[j], rows[j-1] = rows[j-1], rows[j]
+		}
+	}
+}
+
+func claimedBefore(a, b claimedRow) bool {
+	if !a.msg.CreatedAt.Equal(b.msg.CreatedAt) {
+		return a.msg.CreatedAt.Before(b.msg.CreatedAt)
+	}
+	return a.id < b.id
+}
+
+// asTime reads a time column: drivers return time.Time, SQLite's RETURNING gives the stored text.
+func asTime(v any) (time.Time, error) {
+	switch t := v.(type) {
+	case time.Time:
+		return t.UTC(), nil
+	case string:
+		return parseStoredTime(t)
+	case []byte:
+		return parseStoredTime(string(t))
+	}
+	return time.Time{}, fmt.Errorf("unexpected %T", v)
+}
+
+// storedTimeLayouts are the text forms SQLite drivers write times in.
+var storedTimeLayouts = []string{
+	"2006-01-02 15:04:05.999999999-07:00",
+	"2006-01-02T15:04:05.999999999-07:00",
+	"2006-01-02 15:04:05.999999999",
+	"2006-01-02T15:04:05.999999999",
+	time.RFC3339Nano,
+}
+
+func parseStoredTime(s string) (time.Time, error) {
+	for _, layout := range storedTimeLayouts {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("cannot parse %q", s)
+}
+
+func rowIDs(rows []claimedRow) []int64 {
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.id
+	}
+	return ids
+}
+
+// exec runs head <id list> tail, whose placeholders take headArgs, the ids and tailArgs in that order.
+func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []any, ids []int64, tail string, tailArgs ...any) (int64, error) {
+	in, idArgs := q.idList(ids)
+	args := make([]any, 0, len(headArgs)+len(idArgs)+len(tailArgs))
+	args = append(append(append(args, headArgs...), idArgs...), tailArgs...)
+	res, err := ex.ExecContext(ctx, q.bind(head+in+tail), args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// markDone records published rows: processed (the reference design), or deleted.
+func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, ids []int64, now time.Time, deleteRows bool) error {
+	var err error
+	if deleteRows {
+		_, err = q.exec(ctx, ex, `DELETE FROM `+q.table+` WHERE `, nil, ids, ` AND locked_by = ?`, owner)
+	} else {
+		_, err = q.exec(ctx, ex, `UPDATE `+q.table+` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
+			[]any{now}, ids, ` AND locked_by = ?`, owner)
+	}
+	return err
+}
+
+// markRetry records failed deliveries that will be retried at next.
+func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids []int64, lastError string, next time.Time) error {
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
+		[]any{lastError, next}, ids, ` AND locked_by = ?`, owner)
+	return err
+}
+
+// markDead records events given up on.
+func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
+		[]any{lastError, now}, ids, ` AND locked_by = ?`, owner)
+	return err
+}
+
+// release hands rows back unpublished, without counting the attempt.
+func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []int64) error {
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 WHERE `,
+		nil, ids, ` AND locked_by = ?`, owner)
+	return err
+}
+
+// cleanupChunk deletes up to limit processed rows created before cutoff. The predicate spells
+// processed = true out for the partial (processed, created_at) index; MySQL takes LIMIT on DELETE
+// but not in a subquery of the table it deletes from.
+func (q *relaySQL) cleanupChunk(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
+	query := `DELETE FROM ` + q.table + ` WHERE id IN (SELECT id FROM ` + q.table +
+		` WHERE processed = true AND created_at < ? LIMIT ?)`
+	if q.dialect == "mysql" {
+		query = `DELETE FROM ` + q.table + ` WHERE processed = true AND created_at < ? LIMIT ?`
+	}
+	res, err := q.db.ExecContext(ctx, q.bind(query), cutoff, limit)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// requeue makes dead events pending again: all of them, or those with the given message ids.
+func (q *relaySQL) requeue(ctx context.Context, messageIDs []string) (int64, error) {
+	query := `UPDATE ` + q.table + ` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE dead_at IS NOT NULL`
+	args := make([]any, len(messageIDs))
+	if len(messageIDs) > 0 {
+		query += ` AND message_id IN (` + strings.TrimSuffix(strings.Repeat("?,", len(messageIDs)), ",") + `)`
+		for i, id := range messageIDs {
+			args[i] = id
+		}
+	}
+	res, err := q.db.ExecContext(ctx, q.bind(query), args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// backlog counts pending events (dead ones excluded).
+func (q *relaySQL) backlog(ctx context.Context) (int64, error) {
+	var n int64
+	err := q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+q.table+` WHERE processed = false AND dead_at IS NULL`).Scan(&n)
+	return n, err
+}

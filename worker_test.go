@@ -1,0 +1,515 @@
+package outboxplugin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outboxplugin"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// recorder is a publisher that keeps what it was given.
+type recorder struct {
+	mu    sync.Mutex
+	msgs  []outboxplugin.Message
+	count map[string]int
+	fail  func(m outboxplugin.Message) error // nil: everything succeeds
+}
+
+func newRecorder() *recorder { return &recorder{count: map[string]int{}} }
+
+func (r *recorder) Publish(ctx context.Context, msgs []outboxplugin.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	failed := map[string]error{}
+	for _, m := range msgs {
+		if r.fail != nil {
+			if err := r.fail(m); err != nil {
+				failed[m.ID] = err
+				continue
+			}
+		}
+		r.msgs = append(r.msgs, m)
+		r.count[m.ID]++
+	}
+	return outboxplugin.FailedMessages(failed)
+}
+
+func (r *recorder) published() []outboxplugin.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]outboxplugin.Message(nil), r.msgs...)
+}
+
+func (r *recorder) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.count)
+}
+
+// outboxRow reads one outbox row back by message id.
+func outboxRow(t testing.TB, db *gorm.DB, messageID string) outboxplugin.OutboxEvent {
+	t.Helper()
+	var e outboxplugin.OutboxEvent
+	require.NoError(t, db.Session(&gorm.Session{NewDB: true}).Where("message_id = ?", messageID).First(&e).Error)
+	return e
+}
+
+func newWorker(t testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
+	t.Helper()
+	return outboxplugin.NewWorker(db, pub, append([]outboxplugin.WorkerOption{outboxplugin.WithLogger(quietLogger)}, opts...)...)
+}
+
+func TestWorkerPublishesInOrderAndMarksProcessed(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		users := []User{{Name: "a"}, {Name: "b"}, {Name: "c"}}
+		require.NoError(t, db.Create(&users).Error)
+		require.NoError(t, db.Model(&users[1]).Update("age", 5).Error)
+		require.NoError(t, db.WithContext(context.WithValue(context.Background(), traceKey{}, "x")).Transaction(func(tx *gorm.DB) error {
+			return outboxplugin.Emit(tx, "Hello", map[string]int{"n": 1}, outboxplugin.WithHeaders(map[string]string{"h": "v"}))
+		}))
+		stored := loadEvents(t, db)
+
+		rec := newRecorder()
+		w := newWorker(t, db, rec)
+		n, err := w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 5, n)
+
+		got := rec.published()
+		require.Len(t, got, 5)
+		for i, m := range got {
+			e := stored[i]
+			assert.Equal(t, e.MessageID, m.ID, "creation order")
+			assert.Equal(t, e.EventType, m.EventType)
+			assert.JSONEq(t, string(e.Payload), string(m.Payload))
+			assert.Equal(t, 1, m.Attempt)
+			assert.WithinDuration(t, e.CreatedAt, m.CreatedAt, time.Millisecond)
+		}
+		assert.Equal(t, fmt.Sprintf("User:%d", users[0].ID), got[0].Key)
+		assert.Equal(t, "User", got[0].AggregateType)
+		assert.Equal(t, "User_update", got[3].EventType)
+		assert.Equal(t, "", got[4].Key, "an emitted event without aggregate has no key")
+		assert.Equal(t, map[string]string{"h": "v"}, got[4].Headers)
+
+		for _, e := range loadEvents(t, db) {
+			assert.True(t, e.Processed)
+			assert.NotNil(t, e.ProcessedAt)
+			assert.Nil(t, e.LockedBy)
+			assert.Nil(t, e.LockedUntil)
+			assert.Equal(t, 1, e.Attempts)
+		}
+		n, err = w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, n, "nothing left")
+	})
+}
+
+func TestWorkerNeverPublishesRolledBackWrites(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		_ = db.Transaction(func(tx *gorm.DB) error {
+			require.NoError(t, tx.Create(&User{Name: "ghost"}).Error)
+			require.NoError(t, outboxplugin.Emit(tx, "Ghost", nil))
+			return errors.New("roll back")
+		})
+		kept := User{Name: "kept"}
+		require.NoError(t, db.Create(&kept).Error)
+
+		rec := newRecorder()
+		_, err := newWorker(t, db, rec).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		got := rec.published()
+		require.Len(t, got, 1)
+		assert.Equal(t, fmt.Sprintf("User:%d", kept.ID), got[0].Key)
+	})
+}
+
+func TestWorkerDeleteOnPublish(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}}).Error)
+		n, err := newWorker(t, db, newRecorder(), outboxplugin.WithDeleteOnPublish()).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		assert.Empty(t, loadEvents(t, db))
+	})
+}
+
+// A worker's batch fails as a whole: every event is retried after a backoff, and becomes dead after
+// the last attempt; requeueing brings it back.
+func TestWorkerRetriesWithBackoffThenDead(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&User{Name: "poison"}).Error)
+		msgID := loadEvents(t, db)[0].MessageID
+
+		brokerDown := errors.New("broker down")
+		failing := true
+		var mu sync.Mutex
+		calls := 0
+		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			if failing {
+				return brokerDown
+			}
+			return nil
+		})
+		var deadMu sync.Mutex
+		var dead []string
+		obs := &deadObserver{onDead: func(m outboxplugin.Message, err error) {
+			deadMu.Lock()
+			defer deadMu.Unlock()
+			dead = append(dead, m.ID)
+			assert.ErrorIs(t, err, brokerDown)
+		}}
+		backoff := outboxplugin.ExponentialBackoff{Base: 300 * time.Millisecond, Max: time.Second}
+		w := newWorker(t, db, pub, outboxplugin.WithMaxAttempts(3), outboxplugin.WithRetryPolicy(backoff), outboxplugin.WithObserver(obs))
+		ctx := context.Background()
+
+		failedAt := time.Now()
+		n, err := w.ProcessOnce(ctx)
+		require.NoError(t, err, "a failed publish is not an error of ProcessOnce")
+		require.Zero(t, n)
+		row := outboxRow(t, db, msgID)
+		assert.Equal(t, 1, row.Attempts, "the attempt is recorded although publishing failed")
+		require.NotNil(t, row.LastError)
+		assert.Contains(t, *row.LastError, "broker down")
+		require.NotNil(t, row.NextAttemptAt)
+		assert.WithinDuration(t, failedAt.Add(300*time.Millisecond), *row.NextAttemptAt, 150*time.Millisecond)
+		assert.Nil(t, row.LockedBy)
+
+		// Not due yet: nothing is claimed.
+		n, err = w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		assert.Equal(t, 1, calls)
+
+		// Attempts 2 and 3, each after its backoff; the third is the last.
+		for attempt := 2; attempt <= 3; attempt++ {
+			require.Eventually(t, func() bool {
+				_, err := w.ProcessOnce(ctx)
+				require.NoError(t, err)
+				return outboxRow(t, db, msgID).Attempts == attempt
+			}, 5*time.Second, 20*time.Millisecond)
+		}
+		row = outboxRow(t, db, msgID)
+		require.NotNil(t, row.DeadAt, "dead after the last attempt")
+		assert.False(t, row.Processed)
+		assert.Equal(t, []string{msgID}, dead)
+
+		// Dead events are not retried.
+		time.Sleep(1200 * time.Millisecond)
+		n, err = w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		assert.Equal(t, 3, calls)
+
+		// Requeued, with the broker back: published.
+		mu.Lock()
+		failing = false
+		mu.Unlock()
+		requeued, err := w.RequeueDead(ctx, msgID)
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, requeued)
+		n, err = w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		assert.True(t, outboxRow(t, db, msgID).Processed)
+	})
+}
+
+type deadObserver struct {
+	outboxplugin.NopObserver
+	onDead func(outboxplugin.Message, error)
+}
+
+func (o *deadObserver) Dead(_ context.Context, m outboxplugin.Message, err error) { o.onDead(m, err) }
+
+func TestWorkerPartlyFailedBatch(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		users := []User{{Name: "ok1"}, {Name: "bad"}, {Name: "ok2"}}
+		require.NoError(t, db.Create(&users).Error)
+		badKey := fmt.Sprintf("User:%d", users[1].ID)
+
+		rec := newRecorder()
+		rec.fail = func(m outboxplugin.Message) error {
+			if m.Key == badKey {
+				return errors.New("rejected by broker")
+			}
+			return nil
+		}
+		var results []outboxplugin.BatchResult
+		obs := &batchObserver{onBatch: func(r outboxplugin.BatchResult) { results = append(results, r) }}
+		w := newWorker(t, db, rec, outboxplugin.WithObserver(obs),
+			outboxplugin.WithRetryPolicy(outboxplugin.ExponentialBackoff{Base: time.Millisecond, Max: time.Millisecond}))
+		n, err := w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		require.Len(t, results, 1)
+		assert.Len(t, results[0].Published, 2)
+		require.Len(t, results[0].Failed, 1)
+		assert.Equal(t, badKey, results[0].Failed[0].Message.Key)
+
+		evs := loadEvents(t, db)
+		assert.True(t, evs[0].Processed)
+		assert.False(t, evs[1].Processed)
+		assert.Equal(t, "rejected by broker", *evs[1].LastError)
+		assert.True(t, evs[2].Processed)
+
+		// Only the failed one is retried.
+		rec.fail = nil
+		time.Sleep(5 * time.Millisecond)
+		n, err = w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		assert.Equal(t, 3, rec.distinct())
+		for _, c := range rec.count {
+			assert.Equal(t, 1, c)
+		}
+	})
+}
+
+type batchObserver struct {
+	outboxplugin.NopObserver
+	onBatch func(outboxplugin.BatchResult)
+}
+
+func (o *batchObserver) BatchDone(_ context.Context, r outboxplugin.BatchResult) { o.onBatch(r) }
+
+func TestWorkerPublisherPanicIsAFailure(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&User{Name: "a"}).Error)
+		w := newWorker(t, db, outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { panic("boom") }))
+		n, err := w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		e := loadEvents(t, db)[0]
+		require.NotNil(t, e.LastError)
+		assert.Contains(t, *e.LastError, "panicked: boom")
+	})
+}
+
+// A row leased by a relay that died is left alone until its lease runs out, then taken over; a
+// relay whose lease was taken over does not mark the row.
+func TestWorkerLeases(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&User{Name: "a"}).Error)
+		plain := db.Session(&gorm.Session{NewDB: true})
+		ctx := context.Background()
+
+		require.NoError(t, plain.Model(&outboxplugin.OutboxEvent{}).Where("1 = 1").
+			Updates(map[string]any{"locked_by": "dead-relay", "locked_until": time.Now().UTC().Add(time.Hour)}).Error)
+		rec := newRecorder()
+		w := newWorker(t, db, rec)
+		n, err := w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Zero(t, n, "leased to another relay")
+
+		require.NoError(t, plain.Model(&outboxplugin.OutboxEvent{}).Where("1 = 1").
+			Update("locked_until", time.Now().UTC().Add(-time.Second)).Error)
+		// This publisher loses its lease while it publishes: another relay took the row.
+		stolen := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			return plain.Model(&outboxplugin.OutboxEvent{}).Where("1 = 1").Update("locked_by", "other-relay").Error
+		})
+		n, err = newWorker(t, db, stolen).ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n, "published")
+		e := loadEvents(t, db)[0]
+		assert.False(t, e.Processed, "not marked: the lease is no longer ours")
+		assert.Equal(t, "other-relay", *e.LockedBy)
+	})
+}
+
+// Four relays drain 10 000 events at once: each event is published exactly once.
+func TestConcurrentWorkersPublishEachEventOnce(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		const total = 10000
+		users := make([]User, total)
+		for i := range users {
+			users[i] = User{Name: fmt.Sprint("u", i)}
+		}
+		require.NoError(t, db.CreateInBatches(&users, 500).Error)
+		require.Len(t, loadEvents(t, db), total)
+
+		rec := newRecorder()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for i := 0; i < 4; i++ {
+			w := newWorker(t, db, rec, outboxplugin.WithPollInterval(20*time.Millisecond))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- w.Run(ctx)
+			}()
+		}
+		require.Eventually(t, func() bool { return rec.distinct() == total }, 90*time.Second, 50*time.Millisecond)
+		cancel()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		assert.Len(t, rec.published(), total, "no duplicates")
+		var pending int64
+		require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending).Error)
+		assert.Zero(t, pending)
+	})
+}
+
+func TestCleanup(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		old := time.Now().UTC().Add(-10 * 24 * time.Hour)
+		recent := time.Now().UTC().Add(-time.Hour)
+		deadAt := old
+		rows := []outboxplugin.OutboxEvent{
+			{EventType: "old_processed", CreatedAt: old, Processed: true},
+			{EventType: "old_processed", CreatedAt: old, Processed: true},
+			{EventType: "recent_processed", CreatedAt: recent, Processed: true},
+			{EventType: "old_pending", CreatedAt: old},
+			{EventType: "old_dead", CreatedAt: old, DeadAt: &deadAt},
+		}
+		require.NoError(t, db.Create(&rows).Error)
+		n, err := newWorker(t, db, newRecorder()).Cleanup(context.Background(), 7*24*time.Hour)
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, n)
+		var left []string
+		for _, e := range loadEvents(t, db) {
+			left = append(left, e.EventType)
+		}
+		assert.Equal(t, []string{"recent_processed", "old_pending", "old_dead"}, left)
+	})
+}
+
+func TestCleanupInBatches(t *testing.T) {
+	db := setup(t, dialects[0], nil)
+	old := time.Now().UTC().Add(-48 * time.Hour)
+	rows := make([]outboxplugin.OutboxEvent, 2500)
+	for i := range rows {
+		rows[i] = outboxplugin.OutboxEvent{EventType: "x", CreatedAt: old, Processed: true}
+	}
+	require.NoError(t, db.CreateInBatches(&rows, 500).Error)
+	n, err := newWorker(t, db, newRecorder()).Cleanup(context.Background(), 24*time.Hour)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2500, n)
+	assert.Empty(t, loadEvents(t, db))
+}
+
+// Run returns nil when its context ends, hands back the batch whose publishing it cut short, and
+// leaves no goroutine behind.
+func TestWorkerShutdown(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&User{Name: "a"}).Error)
+
+		started := make(chan struct{})
+		blocking := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		w := newWorker(t, db, blocking, outboxplugin.WithPollInterval(10*time.Millisecond))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		<-started
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+		e := loadEvents(t, db)[0]
+		assert.False(t, e.Processed)
+		assert.Nil(t, e.LockedBy, "handed back")
+		assert.Zero(t, e.Attempts, "an interrupted delivery does not count")
+		assert.Nil(t, e.LastError)
+
+		require.Eventually(t, func() bool { return workerGoroutines() == 0 }, 5*time.Second, 10*time.Millisecond,
+			"goroutines of the worker left behind")
+	})
+}
+
+func TestWorkerInvalidOptions(t *testing.T) {
+	db := openDB(t, dialects[0], nil)
+	pub := newRecorder()
+	cases := map[string]*outboxplugin.Worker{
+		"batch size":   outboxplugin.NewWorker(db, pub, outboxplugin.WithBatchSize(0)),
+		"poll":         outboxplugin.NewWorker(db, pub, outboxplugin.WithPollInterval(0)),
+		"lease":        outboxplugin.NewWorker(db, pub, outboxplugin.WithLease(time.Second), outboxplugin.WithPublishTimeout(2*time.Second)),
+		"attempts":     outboxplugin.NewWorker(db, pub, outboxplugin.WithMaxAttempts(0)),
+		"nil policy":   outboxplugin.NewWorker(db, pub, outboxplugin.WithRetryPolicy(nil)),
+		"table":        outboxplugin.NewWorker(db, pub, outboxplugin.WithTable("x;y")),
+		"nil db":       outboxplugin.NewWorker(nil, pub),
+		"nil pub":      outboxplugin.NewWorker(db, nil),
+		"nil logger":   outboxplugin.NewWorker(db, pub, outboxplugin.WithLogger(nil)),
+		"nil observer": outboxplugin.NewWorker(db, pub, outboxplugin.WithObserver(nil)),
+	}
+	for name, w := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := w.ProcessOnce(context.Background())
+			require.Error(t, err)
+			if name != "table" {
+				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
+			}
+			assert.Error(t, w.Run(context.Background()))
+			_, err = w.Cleanup(context.Background(), time.Hour)
+			assert.Error(t, err)
+		})
+	}
+}
+
+// workerGoroutines counts the goroutines running the worker's code (database/sql keeps goroutines of
+// its own, so a plain count says nothing).
+func workerGoroutines() int {
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	return strings.Count(string(buf[:n]), "outboxplugin.(*Worker)")
+}
+
+// keysInOrder checks per-key order: each key's messages in ascending creation order.
+func keysInOrder(t *testing.T, msgs []outboxplugin.Message, seq map[string]int) {
+	t.Helper()
+	last := map[string]int{}
+	for _, m := range msgs {
+		s := seq[m.ID]
+		if prev, ok := last[m.Key]; ok && s < prev {
+			t.Errorf("key %s: message %d published after %d", m.Key, s, prev)
+		}
+		last[m.Key] = s
+	}
+}
+
+// sortedKeys lists map keys in order, for stable failure messages.
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
