@@ -110,16 +110,16 @@ func quotePGIdent(name string) string {
 }
 
 // prepareTable runs once per worker, before its first claim: on PostgreSQL it gives the table the
-// fill factor claims want, if it has none (logging, not failing, when the worker may not alter the
-// table), and with per-key ordering it creates the index the ordering probes.
+// storage settings claims want, where it has none (logging, not failing, when the worker may not alter
+// the table), and with per-key ordering it creates the index the ordering probes.
 func (w *Worker) prepareTable(ctx context.Context) error {
 	w.prepareMu.Lock()
 	defer w.prepareMu.Unlock()
 	if w.prepared {
 		return nil
 	}
-	if err := setFillFactor(w.db.WithContext(ctx), w.cfg.table); err != nil {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: could not set the outbox table's fill factor; claims will be slower",
+	if err := setStorageOptions(w.db.WithContext(ctx), w.cfg.table); err != nil {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: could not set the outbox table's storage options; claims will be slower",
 			slog.String("worker", w.owner), slog.Any("error", err))
 	}
 	if err := w.ensureKeyIndex(ctx); err != nil {

@@ -157,8 +157,8 @@ func (JSON) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
 
 // AutoMigrate creates or updates the outbox table that db's plugin writes to (DefaultTableName when
 // the plugin is not registered or was not given WithTableName), with its indexes, and on PostgreSQL
-// gives it the storage setting the relay wants (see pgFillFactor; a worker applies it too, the first
-// time it runs, when the table was created with db.AutoMigrate).
+// gives it the storage settings the relay wants (see pgStorageOptions; a worker applies them too, the
+// first time it runs, when the table was created with db.AutoMigrate).
 func AutoMigrate(db *gorm.DB) error {
 	table := DefaultTableName
 	if p := pluginOf(db); p != nil {
@@ -167,21 +167,33 @@ func AutoMigrate(db *gorm.DB) error {
 	if err := db.Table(table).AutoMigrate(&OutboxEvent{}); err != nil {
 		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
 	}
-	if err := setFillFactor(db, table); err != nil {
+	if err := setStorageOptions(db, table); err != nil {
 		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
 	}
 	return nil
 }
 
-// pgFillFactor is the fill factor of the outbox table on PostgreSQL. A relay's claim rewrites each
-// row it leases (owner, lease expiry, attempts), none of them indexed columns: with room left on the
-// row's page PostgreSQL updates it in place (a HOT update), with no new index entries and no dead
-// ones for the next claim to step over. Measured in docs/benchmarks.md: 70% raises relay throughput
-// by about a tenth and costs the write path a few percent.
-const pgFillFactor = 70
+// pgStorageOptions are the storage settings of the outbox table on PostgreSQL; each is applied unless
+// the table already has a value for it.
+//
+// fillfactor: a relay's claim rewrites each row it leases (owner, lease expiry, attempts), none of them
+// indexed columns; with room left on the row's page PostgreSQL updates it in place (a HOT update),
+// with no new index entries and none left dead for the next claim to step over. Measured in
+// docs/benchmarks.md: 70 raises relay throughput by about a tenth and costs the write path a few
+// percent.
+//
+// autovacuum: every processed event leaves a dead entry in the pending index until VACUUM removes it,
+// and every claim steps over the dead entries at the head of that index. With the default thresholds
+// (a fifth of the table dead) a table that keeps days of processed rows is vacuumed rarely and claims
+// slow down in between; a fixed threshold of 10 000 dead rows keeps the head clean.
+var pgStorageOptions = []struct{ name, value string }{
+	{"fillfactor", "70"},
+	{"autovacuum_vacuum_scale_factor", "0"},
+	{"autovacuum_vacuum_threshold", "10000"},
+}
 
-// setFillFactor applies pgFillFactor to a PostgreSQL table that has no fill factor of its own.
-func setFillFactor(db *gorm.DB, table string) error {
+// setStorageOptions applies pgStorageOptions to a PostgreSQL table.
+func setStorageOptions(db *gorm.DB, table string) error {
 	if db.Dialector.Name() != "postgres" {
 		return nil
 	}
@@ -190,8 +202,14 @@ func setFillFactor(db *gorm.DB, table string) error {
 	if err != nil {
 		return fmt.Errorf("read storage options: %w", err)
 	}
-	if strings.Contains(options, "fillfactor=") {
+	var set []string
+	for _, o := range pgStorageOptions {
+		if !strings.Contains(","+options, ","+o.name+"=") {
+			set = append(set, o.name+" = "+o.value)
+		}
+	}
+	if len(set) == 0 {
 		return nil
 	}
-	return db.Exec(fmt.Sprintf(`ALTER TABLE %s SET (fillfactor = %d)`, (&gorm.Statement{DB: db}).Quote(table), pgFillFactor)).Error
+	return db.Exec(`ALTER TABLE ` + (&gorm.Statement{DB: db}).Quote(table) + ` SET (` + strings.Join(set, ", ") + `)`).Error
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 )
 
 // ErrUnsupportedDialect is returned by the worker on a database other than PostgreSQL, MySQL/MariaDB
@@ -287,9 +286,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) *Worker {
 		w.err = fmt.Errorf("%w: lease %v must exceed the publish timeout %v", ErrInvalidOption, w.cfg.lease, w.cfg.publishTimeout)
 	}
 	if w.err == nil {
-		// The relay's own statements: no capture (the outbox is excluded anyway) and no SQL log
-		// unless the caller's logger asks for it.
-		w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true, Logger: db.Logger.LogMode(logger.Warn)})
+		w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 		w.sql, w.err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering)
 	}
 	if w.err != nil {

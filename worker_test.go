@@ -513,3 +513,24 @@ func sortedKeys(m map[string]int) []string {
 	sort.Strings(out)
 	return out
 }
+
+// On PostgreSQL the outbox gets the storage settings claims want: from AutoMigrate, or from the first
+// run of a worker when the table was made with db.AutoMigrate; a value set by the user is kept.
+func TestPostgresStorageOptions(t *testing.T) {
+	db := setup(t, dialects[1], nil)
+	reloptions := func() string {
+		var s string
+		require.NoError(t, db.Raw(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = 'outbox_events'::regclass`).Scan(&s).Error)
+		return s
+	}
+	require.Empty(t, reloptions(), "db.AutoMigrate sets nothing")
+
+	require.NoError(t, db.Exec(`ALTER TABLE outbox_events SET (fillfactor = 90)`).Error)
+	_, err := newWorker(t, db, newRecorder()).ProcessOnce(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, "fillfactor=90,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions())
+
+	require.NoError(t, db.Exec(`ALTER TABLE outbox_events RESET (fillfactor, autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)`).Error)
+	require.NoError(t, outboxplugin.AutoMigrate(db))
+	assert.Equal(t, "fillfactor=70,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions())
+}

@@ -1,11 +1,13 @@
 // Command quickstart shows the outbox on an embedded SQLite database, in a temporary directory: it
 // creates, updates and deletes a few rows through GORM with the plugin registered, writes one
-// explicit event, rolls one transaction back, and prints the outbox events the changes left behind.
+// explicit event, rolls one transaction back, prints the outbox events the changes left behind, and
+// runs the relay worker with a publisher that prints each message it is given.
 //
 //	go run ./examples/quickstart
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -94,5 +96,31 @@ func run() error {
 	for _, e := range events {
 		fmt.Printf("%-3d %-14s %-6s %-28s %s\n", e.ID, e.EventType, e.AggregateType+":"+e.AggregateID, e.Payload, e.MessageID)
 	}
+
+	// The relay: a worker claims the committed events, hands them to a publisher in batches and
+	// marks them processed. A real application starts it with go worker.Run(ctx) and a broker
+	// publisher; here the publisher prints, and the worker runs until the outbox is drained.
+	fmt.Println("\nrelay:")
+	printer := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+		for _, m := range msgs {
+			fmt.Printf("published %-14s key=%-7s payload=%s id=%s\n", m.EventType, m.Key, m.Payload, m.ID)
+		}
+		return nil
+	})
+	worker := outboxplugin.NewWorker(db, printer, outboxplugin.WithBatchSize(5))
+	for {
+		n, err := worker.ProcessOnce(context.Background())
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	var pending int64
+	if err := db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending).Error; err != nil {
+		return err
+	}
+	fmt.Printf("events left unprocessed: %d\n", pending)
 	return nil
 }
