@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -424,4 +425,50 @@ func (q *relaySQL) backlog(ctx context.Context) (int64, error) {
 	var n int64
 	err := q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+q.table+` WHERE processed = false AND dead_at IS NULL`).Scan(&n)
 	return n, err
+}
+
+// prepareTable runs once per worker, before its first claim: on PostgreSQL it gives the table the
+// storage settings claims want, where it has none (logging, not failing, when the worker may not alter
+// the table), and with per-key ordering it creates the index the ordering probes.
+func (w *Worker) prepareTable(ctx context.Context) error {
+	w.prepareMu.Lock()
+	defer w.prepareMu.Unlock()
+	if w.prepared {
+		return nil
+	}
+	if err := setStorageOptions(w.db.WithContext(ctx), w.cfg.table); err != nil {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: could not set the outbox table's storage options; claims will be slower",
+			slog.String("worker", w.owner), slog.Any("error", err))
+	}
+	if err := w.ensureKeyIndex(ctx); err != nil {
+		return err
+	}
+	w.prepared = true
+	return nil
+}
+
+// ensureKeyIndex creates the index per-key ordering probes.
+func (w *Worker) ensureKeyIndex(ctx context.Context) error {
+	if !w.cfg.keyOrdering {
+		return nil
+	}
+	name := "idx_" + strings.ReplaceAll(w.cfg.table, ".", "_") + "_key_pending"
+	db := w.db.WithContext(ctx)
+	var err error
+	switch w.sql.dialect {
+	case "mysql":
+		var n int64
+		err = db.Raw(`SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE()`+
+			` AND table_name = ? AND index_name = ?`, w.cfg.table, name).Scan(&n).Error
+		if err == nil && n == 0 {
+			err = db.Exec(`CREATE INDEX ` + name + ` ON ` + w.sql.table + ` (aggregate_type, aggregate_id, id)`).Error
+		}
+	default:
+		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + w.sql.table +
+			` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
+	}
+	if err != nil {
+		return fmt.Errorf("outboxplugin: create the per-key ordering index %s: %w", name, err)
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outboxplugin"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -147,10 +148,11 @@ func TestKeyOrderingWithPoisonKey(t *testing.T) {
 
 		// The head dies (a worker allowing fewer attempts than it has had): its key stays blocked.
 		w := newWorker(t, db, pub, outboxplugin.WithKeyOrdering(), outboxplugin.WithMaxAttempts(1))
-		time.Sleep(25 * time.Millisecond)
-		_, err := w.ProcessOnce(context.Background())
-		require.NoError(t, err)
-		require.NotNil(t, outboxRow(t, db, want[pub.poisonKey][0]).DeadAt)
+		require.Eventually(t, func() bool { // once its backoff has passed
+			_, err := w.ProcessOnce(context.Background())
+			require.NoError(t, err)
+			return outboxRow(t, db, want[pub.poisonKey][0]).DeadAt != nil
+		}, 5*time.Second, 10*time.Millisecond)
 		for i := 0; i < 3; i++ {
 			n, err := w.ProcessOnce(context.Background())
 			require.NoError(t, err)
@@ -161,7 +163,7 @@ func TestKeyOrderingWithPoisonKey(t *testing.T) {
 		pub.mu.Lock()
 		pub.poisoned = false
 		pub.mu.Unlock()
-		_, err = w.RequeueDead(context.Background())
+		_, err := w.RequeueDead(context.Background())
 		require.NoError(t, err)
 		drain := newWorker(t, db, pub, outboxplugin.WithKeyOrdering())
 		for i := 0; i < 10 && len(pub.publishedOf(pub.poisonKey)) < 5; i++ {
@@ -253,4 +255,38 @@ func TestWithoutNotifyPolls(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("not published by polling")
 	}
+}
+
+// The capture side notifies once per transaction, however many statements wrote events in it, and
+// not at all for a transaction that rolls back.
+func TestOneNotificationPerTransaction(t *testing.T) {
+	d := dialects[1]
+	db := setup(t, d, nil)
+	conn, err := pgx.Connect(context.Background(), replaceDSNField(postgresServerDSN(), "dbname", testDatabase))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), `LISTEN "outbox_events"`)
+	require.NoError(t, err)
+
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+		for i := 0; i < 3; i++ {
+			if err := tx.Create(&User{Name: fmt.Sprint("n", i)}).Error; err != nil {
+				return err
+			}
+		}
+		return outboxplugin.Emit(tx, "Also", nil)
+	}))
+	_ = db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&User{Name: "rolled back"}).Error)
+		return errors.New("roll back")
+	})
+
+	wait := func(d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := conn.WaitForNotification(ctx)
+		return err
+	}
+	require.NoError(t, wait(5*time.Second), "one notification for the committed transaction")
+	assert.ErrorIs(t, wait(300*time.Millisecond), context.DeadlineExceeded, "and no other")
 }

@@ -534,3 +534,53 @@ func TestPostgresStorageOptions(t *testing.T) {
 	require.NoError(t, outboxplugin.AutoMigrate(db))
 	assert.Equal(t, "fillfactor=70,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions())
 }
+
+func TestPeriodicCleanupAndBacklog(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		old := time.Now().UTC().Add(-48 * time.Hour)
+		require.NoError(t, db.Create(&[]outboxplugin.OutboxEvent{
+			{EventType: "old_processed", CreatedAt: old, Processed: true},
+			{EventType: "recent_processed", CreatedAt: time.Now().UTC().Add(-time.Minute), Processed: true},
+		}).Error)
+		var (
+			mu      sync.Mutex
+			backlog []int64
+		)
+		obs := &backlogObserver{onBacklog: func(n int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			backlog = append(backlog, n)
+		}}
+		// A publisher that fails keeps one event pending, for the backlog to count.
+		failing := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { return errors.New("down") })
+		require.NoError(t, db.Create(&User{Name: "pending"}).Error)
+		stop := runWorkers(t, 1, func() *outboxplugin.Worker {
+			return newWorker(t, db, failing, outboxplugin.WithCleanup(20*time.Millisecond), outboxplugin.WithRetention(24*time.Hour),
+				outboxplugin.WithObserver(obs), outboxplugin.WithBacklogInterval(20*time.Millisecond), outboxplugin.WithPollInterval(10*time.Millisecond))
+		})
+		require.Eventually(t, func() bool {
+			var types []string
+			for _, e := range loadEvents(t, db) {
+				types = append(types, e.EventType)
+			}
+			return len(types) == 2 && types[0] == "recent_processed" && types[1] == "User_create"
+		}, 10*time.Second, 20*time.Millisecond, "the old processed event is cleaned up, the others stay")
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(backlog) >= 2
+		}, 10*time.Second, 20*time.Millisecond)
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		assert.EqualValues(t, 1, backlog[len(backlog)-1], "one event waiting")
+	})
+}
+
+type backlogObserver struct {
+	outboxplugin.NopObserver
+	onBacklog func(int64)
+}
+
+func (o *backlogObserver) Backlog(_ context.Context, n int64) { o.onBacklog(n) }
