@@ -337,7 +337,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		carried     *carriedBatch
 	)
 	defer func() {
-		if carried != nil {
+		if carried != nil && !carried.marked {
 			w.finishCarried(ctx, carried)
 		}
 	}()
@@ -346,8 +346,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			return nil
 		}
 		n, next, err := w.processBatch(ctx, carried, true)
-		if err != nil && carried != nil {
-			w.finishCarried(ctx, carried)
+		if carried != nil && !carried.marked {
+			w.finishCarried(ctx, carried) // the claim that was to mark it failed
 		}
 		carried = next
 		if ctx.Err() != nil {
@@ -417,8 +417,9 @@ func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
 
 // carriedBatch is a fully published batch whose rows Run marks done with its next claim.
 type carriedBatch struct {
-	done doneBatch
-	res  BatchResult
+	done   doneBatch
+	res    BatchResult
+	marked bool // the claim that was to mark it committed
 }
 
 // processBatch claims a batch — marking prev done in the same statement or transaction — publishes
@@ -442,6 +443,7 @@ func (w *Worker) processBatch(ctx context.Context, prev *carriedBatch, carry boo
 		return 0, nil, fmt.Errorf("outboxplugin: claim: %w", err)
 	}
 	if prev != nil {
+		prev.marked = true
 		prev.res.FinishDuration = res.ClaimDuration
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
@@ -481,6 +483,7 @@ func (w *Worker) processBatch(ctx context.Context, prev *carriedBatch, carry boo
 // finishCarried marks a carried batch done on its own, when no further claim will: at shutdown, or
 // after the claim that was to mark it failed.
 func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
+	b.marked = true
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	start := time.Now()

@@ -195,18 +195,23 @@ func TestDefaultOrderingDoesNotBlock(t *testing.T) {
 	assert.Equal(t, 2, n)
 }
 
-// On PostgreSQL the capture side notifies and the worker LISTENs: with a 5 s poll interval, an event
-// is published within milliseconds of its commit.
-func TestWakeUpOnPostgres(t *testing.T) {
-	d := dialects[1]
-	db := setup(t, d, nil)
+// timingPublisher reports the time each message reaches it.
+func timingPublisher() (<-chan time.Time, outboxplugin.Publisher) {
 	received := make(chan time.Time, 100)
-	pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+	return received, outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
 		for range msgs {
 			received <- time.Now()
 		}
 		return nil
 	})
+}
+
+// On PostgreSQL the capture side notifies and the worker LISTENs: with a 5 s poll interval, an event
+// is published within milliseconds of its commit.
+func TestWakeUpOnPostgres(t *testing.T) {
+	d := dialects[1]
+	db := setup(t, d, nil)
+	received, pub := timingPublisher()
 	stop := runWorkers(t, 1, func() *outboxplugin.Worker {
 		return newWorker(t, db, pub, outboxplugin.WithPollInterval(5*time.Second))
 	})
@@ -235,13 +240,7 @@ func TestWakeUpOnPostgres(t *testing.T) {
 func TestWithoutNotifyPolls(t *testing.T) {
 	d := dialects[1]
 	db := setup(t, d, nil, outboxplugin.WithoutNotify())
-	received := make(chan time.Time, 10)
-	pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
-		for range msgs {
-			received <- time.Now()
-		}
-		return nil
-	})
+	received, pub := timingPublisher()
 	stop := runWorkers(t, 1, func() *outboxplugin.Worker {
 		return newWorker(t, db, pub, outboxplugin.WithPollInterval(700*time.Millisecond))
 	})

@@ -584,3 +584,46 @@ type backlogObserver struct {
 }
 
 func (o *backlogObserver) Backlog(_ context.Context, n int64) { o.onBacklog(n) }
+
+// countingHandler counts log records by level.
+type countingHandler struct {
+	mu     sync.Mutex
+	counts map[slog.Level]int
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.counts[r.Level]++
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// A broker that hangs costs one publish timeout: the batch then counts as failed, its rows are free
+// again (no lease, no lock held), and the failure is logged once for the batch, not once per event.
+func TestPublishTimeout(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}, {Name: "c"}}).Error)
+		hanging := outboxplugin.PublisherFunc(func(ctx context.Context, _ []outboxplugin.Message) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		logs := &countingHandler{counts: map[slog.Level]int{}}
+		w := outboxplugin.NewWorker(db, hanging, outboxplugin.WithPublishTimeout(200*time.Millisecond), outboxplugin.WithLogger(slog.New(logs)))
+		start := time.Now()
+		n, err := w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, n)
+		assert.Less(t, time.Since(start), 5*time.Second)
+		for _, e := range loadEvents(t, db) {
+			assert.Nil(t, e.LockedBy)
+			assert.Equal(t, 1, e.Attempts)
+			require.NotNil(t, e.LastError)
+			assert.Contains(t, *e.LastError, "deadline exceeded")
+		}
+		assert.Equal(t, 1, logs.counts[slog.LevelWarn], "one log line for the failed batch")
+	})
+}
