@@ -37,7 +37,8 @@ type relaySQL struct {
 	db      *sql.DB
 
 	// PostgreSQL and SQLite claim with one UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)
-	// RETURNING. PostgreSQL's claimAfterDone also marks the previous batch done, in a CTE.
+	// RETURNING (PostgreSQL by ctid). PostgreSQL's claimAfterDone also marks the previous batch done,
+	// in a CTE.
 	claimUpdate, claimAfterDone, claimAfterDelete string
 	// MySQL/MariaDB have no UPDATE … RETURNING and cannot UPDATE a table through a LIMIT subquery
 	// on itself: SELECT … FOR UPDATE SKIP LOCKED, then UPDATE the rows found, in one transaction.
@@ -96,19 +97,52 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool) (*relaySQL, error)
 		q.claimSelect = strings.Replace(pick, "SELECT c.id", "SELECT "+prefixColumns("c.", returnedColumns), 1)
 		q.claimStamp = stamp // + id IN (...)
 	case "postgres":
-		claim := stamp + `id IN (` + pick + `) RETURNING ` + returnedColumns
+		// The rows are addressed by ctid, taken under the lock the subquery holds: a TID scan
+		// instead of a primary-key probe per row.
+		claim := stamp + `ctid = ANY(ARRAY(` + strings.Replace(pick, "SELECT c.id", "SELECT c.ctid", 1) + `)) RETURNING ` +
+			returnedColumns + `, ctid::text`
 		q.claimUpdate = q.bind(claim)
 		// The previous batch is marked done in the same statement. Its rows are leased to this
 		// worker, so the claim's subquery (which sees the table as it was before the statement) does
 		// not pick them again.
 		q.claimAfterDone = q.bind(`WITH done AS (UPDATE ` + q.table + ` SET processed = true, processed_at = ?,` +
-			` locked_by = NULL, locked_until = NULL WHERE id = ANY(?::bigint[]) AND locked_by = ?) ` + claim)
+			` locked_by = NULL, locked_until = NULL WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
 		q.claimAfterDelete = q.bind(`WITH done AS (DELETE FROM ` + q.table +
-			` WHERE id = ANY(?::bigint[]) AND locked_by = ?) ` + claim)
+			` WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
 	default:
 		q.claimUpdate = stamp + `id IN (` + pick + `) RETURNING ` + returnedColumns
 	}
 	return q, nil
+}
+
+// pgRowMatch finds leased rows on PostgreSQL by the ctid their claim returned, a TID scan instead of
+// a primary-key probe per row. The id must match too: a row whose lease was taken over has moved to
+// a new ctid, and its old slot may in time hold another row.
+const pgRowMatch = `ctid = ANY(?::tid[]) AND id = ANY(?::bigint[])`
+
+// rowsMatch returns the condition and arguments that select the given leased rows.
+func (q *relaySQL) rowsMatch(ids []int64, ctids []string) (string, []any) {
+	if q.dialect == "postgres" && len(ctids) == len(ids) {
+		_, idArgs := q.idList(ids)
+		return pgRowMatch, []any{pgTextArray(ctids), idArgs[0]}
+	}
+	return q.idList(ids)
+}
+
+// pgTextArray writes an array literal of values that need no escaping (ctids: "(12,3)").
+func pgTextArray(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(v)
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 // bind rewrites ? placeholders as PostgreSQL's $n. The relay's SQL has no ? anywhere else.
@@ -161,8 +195,9 @@ func prefixColumns(prefix, cols string) string {
 
 // claimedRow is a row the worker holds a lease on.
 type claimedRow struct {
-	id  int64
-	msg Message
+	id   int64
+	ctid string // PostgreSQL: where the claim left the row
+	msg  Message
 }
 
 // pickArgs are the values of the pick subquery's placeholders, in text order.
@@ -176,8 +211,9 @@ func (q *relaySQL) pickArgs(now time.Time, limit int) []any {
 
 // doneBatch is a published batch whose rows Run marks done together with the next claim.
 type doneBatch struct {
-	ids []int64
-	now time.Time
+	ids   []int64
+	ctids []string
+	now   time.Time
 }
 
 // claim leases up to limit pending rows to owner until leaseUntil. When prev is not nil, its rows are
@@ -186,30 +222,32 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 	claimArgs := append([]any{owner, leaseUntil}, q.pickArgs(now, limit)...)
 	switch {
 	case q.dialect == "postgres" && prev != nil:
+		match := []any{pgTextArray(prev.ctids)}
 		_, ids := q.idList(prev.ids)
+		match = append(match, ids[0], owner)
 		var rows *sql.Rows
 		var err error
 		if deleteDone {
-			rows, err = q.db.QueryContext(ctx, q.claimAfterDelete, append([]any{ids[0], owner}, claimArgs...)...)
+			rows, err = q.db.QueryContext(ctx, q.claimAfterDelete, append(match, claimArgs...)...)
 		} else {
-			rows, err = q.db.QueryContext(ctx, q.claimAfterDone, append([]any{prev.now, ids[0], owner}, claimArgs...)...)
+			rows, err = q.db.QueryContext(ctx, q.claimAfterDone, append(append([]any{prev.now}, match...), claimArgs...)...)
 		}
 		if err != nil {
 			return nil, err
 		}
-		return scanClaimed(rows, 0)
+		return scanClaimed(rows, 0, true)
 	case q.dialect == "postgres":
 		rows, err := q.db.QueryContext(ctx, q.claimUpdate, claimArgs...)
 		if err != nil {
 			return nil, err
 		}
-		return scanClaimed(rows, 0)
+		return scanClaimed(rows, 0, true)
 	}
 
 	var claimed []claimedRow
 	err := q.inTx(ctx, func(tx *sql.Tx) error {
 		if prev != nil {
-			if err := q.markDone(ctx, tx, owner, prev.ids, prev.now, deleteDone); err != nil {
+			if err := q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
 				return err
 			}
 		}
@@ -218,7 +256,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 			if err != nil {
 				return err
 			}
-			claimed, err = scanClaimed(rows, 0)
+			claimed, err = scanClaimed(rows, 0, false)
 			return err
 		}
 		rows, err := tx.QueryContext(ctx, q.claimSelect, q.pickArgs(now, limit)...)
@@ -226,7 +264,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 			return err
 		}
 		// Read before the stamp, which adds the attempt.
-		if claimed, err = scanClaimed(rows, 1); err != nil || len(claimed) == 0 {
+		if claimed, err = scanClaimed(rows, 1, false); err != nil || len(claimed) == 0 {
 			return err
 		}
 		in, ids := q.idList(rowIDs(claimed))
@@ -253,7 +291,7 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func scanClaimed(rows *sql.Rows, attemptOffset int) (out []claimedRow, err error) {
+func scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool) (out []claimedRow, err error) {
 	defer func() { err = errors.Join(err, rows.Close()) }()
 	for rows.Next() {
 		var (
@@ -264,7 +302,11 @@ func scanClaimed(rows *sql.Rows, attemptOffset int) (out []claimedRow, err error
 			attempts int
 		)
 		m := &r.msg
-		if err := rows.Scan(&r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts); err != nil {
+		dest := []any{&r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts}
+		if withCtid {
+			dest = append(dest, &r.ctid)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("scan claimed row: %w", err)
 		}
 		m.Payload = payload
@@ -342,6 +384,18 @@ func rowIDs(rows []claimedRow) []int64 {
 	return ids
 }
 
+// rowCtids returns the rows' ctids, or nil when the database has none.
+func rowCtids(rows []claimedRow) []string {
+	if len(rows) == 0 || rows[0].ctid == "" {
+		return nil
+	}
+	ctids := make([]string, len(rows))
+	for i, r := range rows {
+		ctids[i] = r.ctid
+	}
+	return ctids
+}
+
 // exec runs head <id list> tail, whose placeholders take headArgs, the ids and tailArgs in that order.
 func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []any, ids []int64, tail string, tailArgs ...any) (int64, error) {
 	in, idArgs := q.idList(ids)
@@ -355,14 +409,14 @@ func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []
 }
 
 // markDone records published rows: processed (the reference design), or deleted.
-func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, ids []int64, now time.Time, deleteRows bool) error {
-	var err error
+func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b doneBatch, deleteRows bool) error {
+	match, args := q.rowsMatch(b.ids, b.ctids)
+	query := `UPDATE ` + q.table + ` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL WHERE `
+	args = append([]any{b.now}, args...)
 	if deleteRows {
-		_, err = q.exec(ctx, ex, `DELETE FROM `+q.table+` WHERE `, nil, ids, ` AND locked_by = ?`, owner)
-	} else {
-		_, err = q.exec(ctx, ex, `UPDATE `+q.table+` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
-			[]any{now}, ids, ` AND locked_by = ?`, owner)
+		query, args = `DELETE FROM `+q.table+` WHERE `, args[1:]
 	}
+	_, err := ex.ExecContext(ctx, q.bind(query+match+` AND locked_by = ?`), append(args, owner)...)
 	return err
 }
 

@@ -462,7 +462,8 @@ func (w *Worker) processBatch(ctx context.Context, prev *carriedBatch, carry boo
 
 	if carry && pubErr == nil && len(rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil {
 		res.Published = msgs
-		return len(rows), &carriedBatch{done: doneBatch{ids: rowIDs(rows), now: time.Now().UTC()}, res: res}, nil
+		done := doneBatch{ids: rowIDs(rows), ctids: rowCtids(rows), now: time.Now().UTC()}
+		return len(rows), &carriedBatch{done: done, res: res}, nil
 	}
 
 	start = time.Now()
@@ -487,7 +488,7 @@ func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	err := w.sql.markDone(fctx, w.sql.db, w.owner, b.done.ids, b.done.now, w.cfg.deleteOnPublish)
+	err := w.sql.markDone(fctx, w.sql.db, w.owner, b.done, w.cfg.deleteOnPublish)
 	if err != nil {
 		// The rows stay leased and are published again once the lease ends: a duplicate, not a loss.
 		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark published events done; they will be published again",
@@ -532,22 +533,28 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, pubErr error, re
 		next time.Time
 		err  string
 	}
+	type deadRow struct {
+		id  int64
+		err string
+	}
 	var (
-		done, released, dead []int64
-		retries              = map[string]*retryGroup{}
-		retryOrder           []string
-		now                  = time.Now().UTC()
+		done       []claimedRow
+		released   []int64
+		dead       []deadRow
+		retries    = map[string]*retryGroup{}
+		retryOrder []string
+		now        = time.Now().UTC()
 	)
 	for _, r := range rows {
 		ferr, isFailed := failed[r.msg.ID]
 		switch {
 		case !isFailed:
-			done = append(done, r.id)
+			done = append(done, r)
 			res.Published = append(res.Published, r.msg)
 		case stopping:
 			released = append(released, r.id)
 		case r.msg.Attempt >= w.cfg.maxAttempts:
-			dead = append(dead, r.id)
+			dead = append(dead, deadRow{id: r.id, err: errorText(ferr)})
 			res.Failed = append(res.Failed, FailedMessage{Message: r.msg, Err: ferr, Dead: true})
 		default:
 			// Rows that failed alike at the same attempt share one statement and one next time.
@@ -568,7 +575,7 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, pubErr error, re
 	var steps []func(context.Context, execer) error
 	if len(done) > 0 {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markDone(ctx, ex, w.owner, done, now, w.cfg.deleteOnPublish)
+			return w.sql.markDone(ctx, ex, w.owner, doneBatch{ids: rowIDs(done), ctids: rowCtids(done), now: now}, w.cfg.deleteOnPublish)
 		})
 	}
 	for _, key := range retryOrder {
@@ -577,13 +584,9 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, pubErr error, re
 			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, g.next)
 		})
 	}
-	for _, f := range res.Failed {
-		if !f.Dead {
-			continue
-		}
-		id, text := rowIDOf(rows, f.Message.ID), errorText(f.Err)
+	for _, d := range dead {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markDead(ctx, ex, w.owner, []int64{id}, text, now)
+			return w.sql.markDead(ctx, ex, w.owner, []int64{d.id}, d.err, now)
 		})
 	}
 	if len(released) > 0 {
@@ -615,15 +618,6 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, pubErr error, re
 		w.logFailures(ctx, res.Failed)
 	}
 	return nil
-}
-
-func rowIDOf(rows []claimedRow, messageID string) int64 {
-	for _, r := range rows {
-		if r.msg.ID == messageID {
-			return r.id
-		}
-	}
-	return 0
 }
 
 // logFailures writes one line per batch, not per message, so that an outage does not flood the log.
