@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -489,29 +488,6 @@ func workerGoroutines() int {
 	buf := make([]byte, 1<<20)
 	n := runtime.Stack(buf, true)
 	return strings.Count(string(buf[:n]), "outboxplugin.(*Worker)")
-}
-
-// keysInOrder checks per-key order: each key's messages in ascending creation order.
-func keysInOrder(t *testing.T, msgs []outboxplugin.Message, seq map[string]int) {
-	t.Helper()
-	last := map[string]int{}
-	for _, m := range msgs {
-		s := seq[m.ID]
-		if prev, ok := last[m.Key]; ok && s < prev {
-			t.Errorf("key %s: message %d published after %d", m.Key, s, prev)
-		}
-		last[m.Key] = s
-	}
-}
-
-// sortedKeys lists map keys in order, for stable failure messages.
-func sortedKeys(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // On PostgreSQL the outbox gets the storage settings claims want: from AutoMigrate, or from the first
