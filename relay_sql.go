@@ -222,9 +222,9 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 	claimArgs := append([]any{owner, leaseUntil}, q.pickArgs(now, limit)...)
 	switch {
 	case q.dialect == "postgres" && prev != nil:
-		match := []any{pgTextArray(prev.ctids)}
-		_, ids := q.idList(prev.ids)
-		match = append(match, ids[0], owner)
+		// claimAfterDone's text is written with pgRowMatch; rowsMatch gives its arguments.
+		_, match := q.rowsMatch(prev.ids, prev.ctids)
+		match = append(match, owner)
 		var rows *sql.Rows
 		var err error
 		if deleteDone {
