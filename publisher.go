@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -92,4 +93,93 @@ func FailedMessages(failed map[string]error) error {
 		return nil
 	}
 	return &PublishError{Failed: failed}
+}
+
+// Header names under which the publishers in publishers/ send a message's fields beside its payload,
+// wherever the broker has headers (Kafka, JetStream, AMQP) or fields (Redis Streams). They are the same
+// for every broker, so that a consumer reads them the same way whatever carried the message.
+const (
+	HeaderID            = "outbox-id"             // Message.ID
+	HeaderEventType     = "outbox-event-type"     // Message.EventType
+	HeaderKey           = "outbox-key"            // Message.Key (absent when empty)
+	HeaderAggregateType = "outbox-aggregate-type" // Message.AggregateType (absent when empty)
+	HeaderAggregateID   = "outbox-aggregate-id"   // Message.AggregateID (absent when empty)
+	HeaderCreatedAt     = "outbox-created-at"     // Message.CreatedAt, RFC 3339 with nanoseconds, UTC
+	HeaderAttempt       = "outbox-attempt"        // Message.Attempt, in decimal
+)
+
+// Header is one name and value of Message.HeaderList.
+type Header struct {
+	Key, Value string
+}
+
+// HeaderList returns the headers a publisher sends with m: the event's own Headers, sorted by name,
+// then the outbox's fields under the Header* names (a Headers entry with one of those names is left
+// out, so that the outbox's value is the only one). It allocates one slice.
+func (m Message) HeaderList() []Header {
+	out := make([]Header, 0, len(m.Headers)+7)
+	for k, v := range m.Headers {
+		if !isOutboxHeader(k) {
+			out = append(out, Header{k, v})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	out = append(out, Header{HeaderID, m.ID}, Header{HeaderEventType, m.EventType})
+	if m.Key != "" {
+		out = append(out, Header{HeaderKey, m.Key})
+	}
+	if m.AggregateType != "" {
+		out = append(out, Header{HeaderAggregateType, m.AggregateType})
+	}
+	if m.AggregateID != "" {
+		out = append(out, Header{HeaderAggregateID, m.AggregateID})
+	}
+	return append(out,
+		Header{HeaderCreatedAt, m.CreatedAt.UTC().Format(time.RFC3339Nano)},
+		Header{HeaderAttempt, strconv.Itoa(m.Attempt)})
+}
+
+func isOutboxHeader(k string) bool {
+	switch k {
+	case HeaderID, HeaderEventType, HeaderKey, HeaderAggregateType, HeaderAggregateID, HeaderCreatedAt, HeaderAttempt:
+		return true
+	}
+	return false
+}
+
+// RouteTokens returns the aggregate type and the event type of m as name tokens for the default
+// destinations of the publishers in publishers/ (Kafka topic outbox.<aggregate>, NATS subject
+// outbox.<aggregate>.<event>, AMQP routing key <aggregate>.<event>, Redis stream outbox:<aggregate>):
+// every byte other than an ASCII letter, digit, '_' or '-' becomes '_', so that a token is valid in
+// every broker's names and never adds a level to a dotted subject; an empty aggregate type (an event
+// emitted without WithAggregate) becomes "_".
+func RouteTokens(m Message) (aggregate, event string) {
+	return routeToken(m.AggregateType), routeToken(m.EventType)
+}
+
+func routeToken(s string) string {
+	if s == "" {
+		return "_"
+	}
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if !isRouteByte(s[i]) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if !isRouteByte(c) {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+func isRouteByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
 }

@@ -1,0 +1,7 @@
+module github.com/gorm-outbox/outboxplugin/publishers/redis
+
+go 1.26
+
+require github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
+
+replace github.com/gorm-outbox/outboxplugin => ../..
