@@ -35,6 +35,9 @@ type Worker struct {
 	owner string
 	sql   *relaySQL
 	wake  chan struct{}
+	// pipeline: Run claims the next batch while it publishes a full one. Not with per-key ordering,
+	// and only when the lease covers a batch that waits one publish timeout before its own.
+	pipeline bool
 
 	prepareMu sync.Mutex
 	prepared  bool
@@ -286,6 +289,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) *Worker {
 		w.err = fmt.Errorf("%w: lease %v must exceed the publish timeout %v", ErrInvalidOption, w.cfg.lease, w.cfg.publishTimeout)
 	}
 	if w.err == nil {
+		w.pipeline = !w.cfg.keyOrdering && w.cfg.lease > 2*w.cfg.publishTimeout
 		w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 		w.sql, w.err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering)
 	}
@@ -334,9 +338,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		failures    int
 		nextCleanup = time.Now().Add(w.cfg.cleanupEvery)
 		nextBacklog = time.Now()
-		carried     *carriedBatch
+		carried     *carriedBatch // published, to be marked done by the next claim
+		ahead       *claimedBatch // claimed while the batch before it was being published
 	)
 	defer func() {
+		if ahead != nil {
+			w.releaseAhead(ctx, ahead)
+		}
 		if carried != nil && !carried.marked {
 			w.finishCarried(ctx, carried)
 		}
@@ -345,11 +353,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		n, next, err := w.processBatch(ctx, carried, true)
-		if carried != nil && !carried.marked {
-			w.finishCarried(ctx, carried) // the claim that was to mark it failed
-		}
-		carried = next
+		n, err := w.runBatch(ctx, &carried, &ahead)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -360,7 +364,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			wait = min(w.cfg.pollInterval*time.Duration(1<<min(failures, 6)), 30*time.Second+w.cfg.pollInterval)
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: relay batch failed",
 				slog.String("worker", w.owner), slog.Int("consecutive_failures", failures), slog.Any("error", err))
-		case n == w.cfg.batchSize:
+		case n == w.cfg.batchSize || ahead != nil:
 			failures = 0
 			wait = 0 // more may be waiting
 		default:
@@ -392,6 +396,69 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-timer.C:
 		}
 	}
+}
+
+// runBatch is one turn of Run. It takes the batch claimed ahead, or claims one (marking the carried
+// batch done in the same statement), publishes it and records the outcome. When the batch is full and
+// the worker pipelines, the next batch is claimed — and this turn's carried batch marked — while the
+// publisher works, so that the database and the broker are busy at the same time; that batch is
+// published by the next turn.
+func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch) (int, error) {
+	c := *ahead
+	*ahead = nil
+	if c == nil {
+		var err error
+		c, err = w.claimAndMark(ctx, carried)
+		if err != nil || len(c.rows) == 0 {
+			return 0, err
+		}
+	}
+	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
+	// published marks it, even when this batch is short.
+	if !w.pipeline || (len(c.rows) < w.cfg.batchSize && *carried == nil) {
+		n, next, err := w.completeBatch(ctx, c, w.publishBatch(ctx, c), true)
+		*carried = next
+		return n, err
+	}
+	published := make(chan error, 1)
+	go func() { published <- w.publishBatch(ctx, c) }()
+	next, claimErr := w.claimAndMark(ctx, carried)
+	pubErr := <-published
+	if claimErr == nil && len(next.rows) > 0 {
+		*ahead = next
+	}
+	n, done, err := w.completeBatch(ctx, c, pubErr, true)
+	*carried = done
+	if err == nil && claimErr != nil {
+		err = claimErr
+	}
+	return n, err
+}
+
+// claimAndMark claims a batch, marking *carried done with it; when the claim fails, *carried is
+// marked on its own.
+func (w *Worker) claimAndMark(ctx context.Context, carried **carriedBatch) (*claimedBatch, error) {
+	prev := *carried
+	*carried = nil
+	c, err := w.claimBatch(ctx, prev)
+	if prev != nil && !prev.marked {
+		w.finishCarried(ctx, prev) // the claim that was to mark it failed
+	}
+	return c, err
+}
+
+// releaseAhead hands back a batch that was claimed ahead but not published, when Run stops.
+func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := w.sql.release(fctx, w.sql.db, w.owner, rowIDs(c.rows)); err != nil {
+		// The rows come back when their lease runs out.
+		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not hand back claimed events; they wait for their lease to run out",
+			slog.String("worker", w.owner), slog.Int("events", len(c.rows)), slog.Any("error", err))
+		return
+	}
+	c.res.Released = len(c.rows)
+	w.cfg.observer.BatchDone(ctx, c.res)
 }
 
 // Wake makes a waiting Run look for events at once. Applications that know they just committed
@@ -427,10 +494,27 @@ type carriedBatch struct {
 // it is returned for the next claim to mark instead: Run then commits once per batch. Per-key
 // ordering never carries, so that a key's next event can follow at once.
 func (w *Worker) processBatch(ctx context.Context, prev *carriedBatch, carry bool) (published int, next *carriedBatch, err error) {
-	if err := w.prepareTable(ctx); err != nil {
+	c, err := w.claimBatch(ctx, prev)
+	if err != nil || len(c.rows) == 0 {
 		return 0, nil, err
 	}
-	var res BatchResult
+	return w.completeBatch(ctx, c, w.publishBatch(ctx, c), carry)
+}
+
+// claimedBatch is a batch as claimed, with its outcome so far.
+type claimedBatch struct {
+	rows []claimedRow
+	msgs []Message
+	res  BatchResult
+}
+
+// claimBatch claims the next batch, marking prev done in the same statement or transaction (and
+// reporting prev to the observer once it is).
+func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBatch, error) {
+	if err := w.prepareTable(ctx); err != nil {
+		return nil, err
+	}
+	c := &claimedBatch{}
 	start := time.Now()
 	now := start.UTC()
 	var prevDone *doneBatch
@@ -438,35 +522,43 @@ func (w *Worker) processBatch(ctx context.Context, prev *carriedBatch, carry boo
 		prevDone = &prev.done
 	}
 	rows, err := w.sql.claim(ctx, w.owner, now, now.Add(w.cfg.lease), w.cfg.batchSize, prevDone, w.cfg.deleteOnPublish)
-	res.ClaimDuration = time.Since(start)
+	c.res.ClaimDuration = time.Since(start)
 	if err != nil {
-		return 0, nil, fmt.Errorf("outboxplugin: claim: %w", err)
+		return nil, fmt.Errorf("outboxplugin: claim: %w", err)
 	}
 	if prev != nil {
 		prev.marked = true
-		prev.res.FinishDuration = res.ClaimDuration
+		prev.res.FinishDuration = c.res.ClaimDuration
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
-	if len(rows) == 0 {
-		return 0, nil, nil
-	}
-	res.Claimed = len(rows)
-
-	msgs := make([]Message, len(rows))
+	c.rows = rows
+	c.res.Claimed = len(rows)
+	c.msgs = make([]Message, len(rows))
 	for i, r := range rows {
-		msgs[i] = r.msg
+		c.msgs[i] = r.msg
 	}
-	start = time.Now()
-	pubErr := w.publish(ctx, msgs)
-	res.PublishDuration = time.Since(start)
+	return c, nil
+}
 
+// publishBatch publishes a claimed batch and returns the publisher's error.
+func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) error {
+	start := time.Now()
+	err := w.publish(ctx, c.msgs)
+	c.res.PublishDuration = time.Since(start)
+	return err
+}
+
+// completeBatch records the outcome of a published batch, or — when carry is allowed and the batch
+// was full and published completely — returns it for the next claim to mark.
+func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, pubErr error, carry bool) (published int, next *carriedBatch, err error) {
+	rows, res := c.rows, c.res
 	if carry && pubErr == nil && len(rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil {
-		res.Published = msgs
+		res.Published = c.msgs
 		done := doneBatch{ids: rowIDs(rows), ctids: rowCtids(rows), now: time.Now().UTC()}
 		return len(rows), &carriedBatch{done: done, res: res}, nil
 	}
 
-	start = time.Now()
+	start := time.Now()
 	err = w.finish(ctx, rows, pubErr, &res)
 	res.FinishDuration = time.Since(start)
 	if err != nil {

@@ -1,0 +1,169 @@
+package outboxplugin_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outboxplugin"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// leasedCount counts the outbox rows leased right now.
+func leasedCount(t testing.TB, db *gorm.DB) int64 {
+	var n int64
+	require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("locked_by IS NOT NULL AND processed = ?", false).Count(&n).Error)
+	return n
+}
+
+// A worker claims its next batch while the publisher works on a full one, then publishes that batch:
+// every event once, in creation order.
+func TestWorkerClaimsNextBatchWhilePublishing(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		users := make([]User, 25)
+		require.NoError(t, db.Create(&users).Error)
+
+		var (
+			mu         sync.Mutex
+			got        []string
+			sawAhead   bool
+			firstBatch = true
+		)
+		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			mu.Lock()
+			first := firstBatch
+			firstBatch = false
+			mu.Unlock()
+			if first {
+				// Hold the first batch until the second is leased beside it.
+				deadline := time.Now().Add(10 * time.Second)
+				for time.Now().Before(deadline) && leasedCount(t, db) < 20 {
+					time.Sleep(5 * time.Millisecond)
+				}
+				mu.Lock()
+				sawAhead = leasedCount(t, db) == 20
+				mu.Unlock()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range msgs {
+				got = append(got, m.ID)
+			}
+			return nil
+		})
+		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(got) == 25
+		}, 20*time.Second, 10*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+
+		mu.Lock()
+		defer mu.Unlock()
+		assert.True(t, sawAhead, "the next batch was not claimed while the first was being published")
+		var want []string
+		for _, e := range loadEvents(t, db) {
+			want = append(want, e.MessageID)
+			assert.True(t, e.Processed)
+			assert.Nil(t, e.LockedBy)
+		}
+		assert.Equal(t, want, got, "creation order, each once")
+	})
+}
+
+// When Run stops while a batch is being published and the next one has been claimed ahead, both are
+// handed back: not processed, not leased, no attempt counted.
+func TestWorkerShutdownHandsBackBatchClaimedAhead(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		users := make([]User, 20)
+		require.NoError(t, db.Create(&users).Error)
+
+		bothLeased := make(chan struct{})
+		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			for leasedCount(t, db) < 20 && ctx.Err() == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+			select {
+			case <-bothLeased:
+			default:
+				close(bothLeased)
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		select {
+		case <-bothLeased:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the second batch was never claimed ahead")
+		}
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+		for _, e := range loadEvents(t, db) {
+			assert.False(t, e.Processed)
+			assert.Nil(t, e.LockedBy, "handed back")
+			assert.Zero(t, e.Attempts, "no delivery counted")
+		}
+		require.Eventually(t, func() bool { return workerGoroutines() == 0 }, 5*time.Second, 10*time.Millisecond,
+			"goroutines of the worker left behind")
+	})
+}
+
+// A lease shorter than two publish timeouts could run out while a batch claimed ahead waits for the
+// one before it: such a worker claims one batch at a time.
+func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		users := make([]User, 20)
+		require.NoError(t, db.Create(&users).Error)
+
+		var maxLeased int64
+		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			// Long enough for a claim ahead to show: it takes milliseconds.
+			for i := 0; i < 20; i++ {
+				maxLeased = max(maxLeased, leasedCount(t, db))
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		})
+		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond),
+			outboxplugin.WithPublishTimeout(2*time.Second), outboxplugin.WithLease(3*time.Second))
+		for {
+			n, err := w.ProcessOnce(context.Background())
+			require.NoError(t, err)
+			if n == 0 {
+				break
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		require.NoError(t, db.Create(make([]User, 20)).Error)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		require.Eventually(t, func() bool {
+			var pending int64
+			db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
+			return pending == 0
+		}, 20*time.Second, 10*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+		assert.Equal(t, int64(10), maxLeased)
+	})
+}
