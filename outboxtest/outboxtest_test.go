@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -135,4 +136,38 @@ func TestProxyCutAndRestore(t *testing.T) {
 	if err := echo(); err != nil {
 		t.Fatalf("after Restore: %v", err)
 	}
+}
+
+func TestRequireBroker(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	outboxtest.RequireBroker(t, "listener", addr) // reachable: goes on
+	ln.Close()
+
+	t.Setenv("OUTBOX_REQUIRE_BROKERS", "1")
+	ft := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() { // Fatalf ends the goroutine that calls it
+		defer close(done)
+		outboxtest.RequireBroker(ft, "closed listener", addr)
+	}()
+	<-done
+	if !ft.fatal {
+		t.Fatal("an unreachable broker did not fail the test with OUTBOX_REQUIRE_BROKERS=1")
+	}
+}
+
+// fatalRecorder records Fatalf instead of failing the test.
+type fatalRecorder struct {
+	testing.TB
+	fatal bool
+}
+
+func (f *fatalRecorder) Helper() {}
+func (f *fatalRecorder) Fatalf(string, ...any) {
+	f.fatal = true
+	runtime.Goexit()
 }
