@@ -79,7 +79,8 @@ func Fill(ctx context.Context, db *gorm.DB, n int, o FillOptions) ([]outboxplugi
 
 // Drain runs one Worker over db with pub until n events have been published (counted from the batches
 // it reports), stops it and returns the time taken. The worker polls every millisecond and does not
-// LISTEN; opts come after those defaults. It fails when ctx ends first.
+// LISTEN; opts come after those defaults, and must not include WithObserver: Drain counts through an
+// observer of its own, which that would replace. It fails when ctx ends first.
 func Drain(ctx context.Context, db *gorm.DB, pub outboxplugin.Publisher, n int, opts ...outboxplugin.WorkerOption) (time.Duration, error) {
 	return DrainWith(ctx, db, pub, n, 1, opts...)
 }
