@@ -99,21 +99,26 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool) (*relaySQL, error)
 	case "postgres":
 		// The rows are addressed by ctid, taken under the lock the subquery holds: a TID scan
 		// instead of a primary-key probe per row.
-		claim := stamp + `ctid = ANY(ARRAY(` + strings.Replace(pick, "SELECT c.id", "SELECT c.ctid", 1) + `)) RETURNING ` +
+		claim := strings.Replace(stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
+			`ctid = ANY(ARRAY(` + strings.Replace(pick, "SELECT c.id", "SELECT c.ctid", 1) + `)) RETURNING ` +
 			returnedColumns + `, ctid::text`
-		q.claimUpdate = q.bind(claim)
+		q.claimUpdate = q.bind(`WITH ` + pgAsyncCommit + ` ` + claim)
 		// The previous batch is marked done in the same statement. Its rows are leased to this
 		// worker, so the claim's subquery (which sees the table as it was before the statement) does
 		// not pick them again.
-		q.claimAfterDone = q.bind(`WITH done AS (UPDATE ` + q.table + ` SET processed = true, processed_at = ?,` +
+		q.claimAfterDone = q.bind(`WITH ` + pgAsyncCommit + `, done AS (UPDATE ` + q.table + ` SET processed = true, processed_at = ?,` +
 			` locked_by = NULL, locked_until = NULL WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
-		q.claimAfterDelete = q.bind(`WITH done AS (DELETE FROM ` + q.table +
+		q.claimAfterDelete = q.bind(`WITH ` + pgAsyncCommit + `, done AS (DELETE FROM ` + q.table +
 			` WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
 	default:
 		q.claimUpdate = stamp + `id IN (` + pick + `) RETURNING ` + returnedColumns
 	}
 	return q, nil
 }
+
+// pgAsyncCommit is a CTE that turns synchronous_commit off for the claim's own transaction (the
+// statement runs alone, so that is the statement): see docs/relay.md, "Asynchronous commits".
+const pgAsyncCommit = `relay_async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))`
 
 // pgRowMatch finds leased rows on PostgreSQL by the ctid their claim returned, a TID scan instead of
 // a primary-key probe per row. The id must match too: a row whose lease was taken over has moved to

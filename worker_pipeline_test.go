@@ -2,6 +2,7 @@ package outboxplugin_test
 
 import (
 	"context"
+	"database/sql"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 // leasedCount counts the outbox rows leased right now.
@@ -166,4 +168,48 @@ func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
 		require.NoError(t, <-done)
 		assert.Equal(t, int64(10), maxLeased)
 	})
+}
+
+// On PostgreSQL the relay's claims and marks commit asynchronously, and that stays within their own
+// transactions: the application's transactions on the same connection still commit synchronously.
+func TestPostgresAsyncCommitStaysInTheRelaysTransactions(t *testing.T) {
+	d := dialects[1]
+	require.Equal(t, "postgres", d.name)
+	if _, err := d.pool(); err != nil {
+		if requireDBs() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	// One connection, shared by the application and the worker.
+	one, err := sql.Open("pgx", replaceDSNField(postgresServerDSN(), "dbname", testDatabase))
+	require.NoError(t, err)
+	defer one.Close()
+	one.SetMaxOpenConns(1)
+	db, err := d.open(one, &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	resetTables(t, db, captureModels...)
+	require.NoError(t, db.Use(outboxplugin.New()))
+
+	require.NoError(t, db.Create(make([]User, 150)).Error)
+	w := newWorker(t, db, outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { return nil }),
+		outboxplugin.WithoutListen())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }() // a full batch, a carried mark with the next claim, a short one
+	require.Eventually(t, func() bool {
+		var pending int64
+		db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
+		return pending == 0
+	}, 20*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	var setting string
+	require.NoError(t, db.Raw("SHOW synchronous_commit").Scan(&setting).Error)
+	assert.Equal(t, "on", setting, "the session's setting after the worker's statements")
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+		return tx.Raw("SHOW synchronous_commit").Scan(&setting).Error
+	}))
+	assert.Equal(t, "on", setting, "an application transaction's setting")
 }
