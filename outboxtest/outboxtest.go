@@ -8,9 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/gorm-outbox/outboxplugin"
@@ -157,4 +159,20 @@ func (c *counter) published() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n
+}
+
+// BenchBatchSize is the worker batch size a publisher's benchmark uses: OUTBOX_BENCH_BATCH when it is
+// set to a positive count, def otherwise. Every publisher module reads the same variable, so that
+// one setting runs them all alike.
+func BenchBatchSize(tb testing.TB, def int) int {
+	tb.Helper()
+	v := os.Getenv("OUTBOX_BENCH_BATCH")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		tb.Fatalf("OUTBOX_BENCH_BATCH=%q: want a positive count", v)
+	}
+	return n
 }

@@ -2,7 +2,6 @@ package outboxredis_test
 
 import (
 	"context"
-	"flag"
 	"strconv"
 	"testing"
 	"time"
@@ -21,9 +20,6 @@ const (
 	// on the development machine (1000 to 5000 are within a few per cent of each other).
 	nativeBatch = 500
 )
-
-// workerBatch is the worker's batch size in BenchmarkEndToEnd: go test -bench EndToEnd -args -worker-batch=1000.
-var workerBatch = flag.Int("worker-batch", outboxplugin.DefaultBatchSize, "worker batch size of BenchmarkEndToEnd")
 
 // BenchmarkEndToEnd compares, in each round (-benchtime 3x runs three), the worker draining a fresh
 // SQLite outbox of benchEvents events through the publisher with go-redis publishing the same
@@ -57,7 +53,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.StartTimer()
 
 		runWorker := func() {
-			took, err := outboxtest.Drain(ctx, db, timed, benchEvents, outboxplugin.WithBatchSize(*workerBatch))
+			took, err := outboxtest.Drain(ctx, db, timed, benchEvents, outboxplugin.WithBatchSize(outboxtest.BenchBatchSize(b, outboxplugin.DefaultBatchSize)))
 			require.NoError(b, err)
 			workerTime += took
 			requireStreamLen(b, client, stream, benchEvents)
