@@ -176,3 +176,27 @@ func BenchBatchSize(tb testing.TB, def int) int {
 	}
 	return n
 }
+
+// Messages returns the messages a worker hands its publisher for freshly filled events (their first
+// attempt): for a benchmark's native loop, or to compare with what a broker received.
+func Messages(events []outboxplugin.OutboxEvent) ([]outboxplugin.Message, error) {
+	msgs := make([]outboxplugin.Message, len(events))
+	for i, e := range events {
+		var headers map[string]string
+		if len(e.Headers) > 0 && string(e.Headers) != "null" {
+			if err := json.Unmarshal(e.Headers, &headers); err != nil {
+				return nil, fmt.Errorf("outboxtest: Messages: headers of %s: %w", e.MessageID, err)
+			}
+		}
+		key := ""
+		if e.AggregateType != "" || e.AggregateID != "" {
+			key = e.AggregateType + ":" + e.AggregateID
+		}
+		msgs[i] = outboxplugin.Message{
+			ID: e.MessageID, EventType: e.EventType, Key: key,
+			AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+			Payload: e.Payload, Headers: headers, CreatedAt: e.CreatedAt.UTC(), Attempt: 1,
+		}
+	}
+	return msgs, nil
+}

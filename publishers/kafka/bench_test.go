@@ -66,7 +66,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 	for b.Loop() {
 		db, events := fill()
 		nopDB, _ := fill()
-		msgs := messages(events)
+		msgs, err := outboxtest.Messages(events)
+		if err != nil {
+			b.Fatal(err)
+		}
 		records := nativeRecords(msgs, topic)
 		runWorker := func() {
 			timed(&workerTime, func() (time.Duration, error) {
@@ -99,20 +102,6 @@ func BenchmarkEndToEnd(b *testing.B) {
 	b.ReportMetric(rate(publisherTime), "publisher-ev/s")
 	b.ReportMetric(rate(batchedTime), "batches-ev/s")
 	b.ReportMetric(rate(dbTime), "db-only-ev/s")
-}
-
-// messages are the messages the worker publishes for events, on their first attempt.
-func messages(events []outboxplugin.OutboxEvent) []outboxplugin.Message {
-	msgs := make([]outboxplugin.Message, len(events))
-	for i, e := range events {
-		msgs[i] = outboxplugin.Message{
-			ID: e.MessageID, EventType: e.EventType,
-			Key:           e.AggregateType + ":" + e.AggregateID,
-			AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-			Payload: e.Payload, CreatedAt: e.CreatedAt, Attempt: 1,
-		}
-	}
-	return msgs
 }
 
 // nativeRecords builds, outside the timed part, the records the Publisher sends for msgs: same topic,

@@ -2,7 +2,6 @@ package outboxnats_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"strconv"
@@ -121,22 +120,11 @@ var benchHeaders = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d
 // of their own: the stream would drop the worker's ids as duplicates, which is less work than
 // storing them.
 func nativeMessages(b *testing.B, filled []outboxplugin.OutboxEvent) []outboxplugin.Message {
+	msgs, err := outboxtest.Messages(filled)
+	require.NoError(b, err)
 	run := suffix()
-	msgs := make([]outboxplugin.Message, len(filled))
-	for i, ev := range filled {
-		var headers map[string]string
-		require.NoError(b, json.Unmarshal(ev.Headers, &headers))
-		msgs[i] = outboxplugin.Message{
-			ID:            run + "-" + ev.MessageID,
-			EventType:     ev.EventType,
-			Key:           ev.AggregateType + ":" + ev.AggregateID,
-			AggregateType: ev.AggregateType,
-			AggregateID:   ev.AggregateID,
-			Payload:       ev.Payload,
-			Headers:       headers,
-			CreatedAt:     ev.CreatedAt,
-			Attempt:       1,
-		}
+	for i := range msgs {
+		msgs[i].ID = run + "-" + msgs[i].ID
 	}
 	return msgs
 }

@@ -81,7 +81,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		msgs := messagesOf(b, events)
+		msgs, err := outboxtest.Messages(events)
+		if err != nil {
+			b.Fatal(err)
+		}
 		if _, err := br.ch.QueuePurge(queue, false); err != nil {
 			b.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -211,29 +210,6 @@ func testMessages(n int, aggregateType string) []outboxplugin.Message {
 			Payload:       []byte(`{"id":` + id + `}`),
 			CreatedAt:     now,
 			Attempt:       1,
-		}
-	}
-	return msgs
-}
-
-// messagesOf returns the messages a worker makes of freshly written events (first attempt).
-func messagesOf(tb testing.TB, events []outboxplugin.OutboxEvent) []outboxplugin.Message {
-	msgs := make([]outboxplugin.Message, len(events))
-	for i, e := range events {
-		var headers map[string]string
-		if len(e.Headers) > 0 {
-			if err := json.Unmarshal(e.Headers, &headers); err != nil {
-				tb.Fatal(err)
-			}
-		}
-		key := ""
-		if e.AggregateType != "" || e.AggregateID != "" {
-			key = e.AggregateType + ":" + e.AggregateID
-		}
-		msgs[i] = outboxplugin.Message{
-			ID: e.MessageID, EventType: e.EventType, Key: key,
-			AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-			Payload: e.Payload, Headers: headers, CreatedAt: e.CreatedAt.UTC(), Attempt: 1,
 		}
 	}
 	return msgs

@@ -71,7 +71,9 @@ func TestEndToEnd(t *testing.T) {
 		byID[d.MessageId] = d
 	}
 	wantKeys := map[string]string{events[0].MessageID: "Order.Order_create", events[1].MessageID: "Order.Order_shipped"}
-	for _, m := range messagesOf(t, events) {
+	msgs, err := outboxtest.Messages(events)
+	require.NoError(t, err)
+	for _, m := range msgs {
 		d, ok := byID[m.ID]
 		require.True(t, ok, "event %s not delivered", m.ID)
 		assert.Equal(t, exchange, d.Exchange)

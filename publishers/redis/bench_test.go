@@ -49,7 +49,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 		db := openDB(b)
 		events, err := outboxtest.Fill(ctx, db, benchEvents, outboxtest.FillOptions{})
 		require.NoError(b, err)
-		msgs := messagesOf(events)
+		msgs, err := outboxtest.Messages(events)
+		if err != nil {
+			b.Fatal(err)
+		}
 		b.StartTimer()
 
 		runWorker := func() {
@@ -146,24 +149,6 @@ func publishNative(ctx context.Context, client redis.UniversalClient, stream str
 		}
 	}
 	return nil
-}
-
-// messagesOf returns the messages the worker hands the publisher for freshly filled events.
-func messagesOf(events []outboxplugin.OutboxEvent) []outboxplugin.Message {
-	msgs := make([]outboxplugin.Message, len(events))
-	for i, ev := range events {
-		msgs[i] = outboxplugin.Message{
-			ID:            ev.MessageID,
-			EventType:     ev.EventType,
-			Key:           ev.AggregateType + ":" + ev.AggregateID,
-			AggregateType: ev.AggregateType,
-			AggregateID:   ev.AggregateID,
-			Payload:       ev.Payload,
-			CreatedAt:     ev.CreatedAt.UTC(),
-			Attempt:       1,
-		}
-	}
-	return msgs
 }
 
 // requireStreamLen checks that the stream holds n entries and then deletes it, so that every phase

@@ -129,7 +129,8 @@ func benchEndToEnd(b *testing.B, be benchBackend) {
 		db := openBenchDB(b)
 		events, err := outboxtest.Fill(ctx, db, benchEvents, outboxtest.FillOptions{Headers: map[string]string{traceHeader: "bench"}})
 		require.NoError(b, err)
-		msgs := benchMessages(events)
+		msgs, err := outboxtest.Messages(events)
+		require.NoError(b, err)
 
 		runWorker := func() {
 			start := time.Now()
@@ -187,25 +188,6 @@ func publishNative(pub message.Publisher, topicOf func(outboxplugin.Message) str
 		}
 	}
 	return nil
-}
-
-// benchMessages returns the messages the worker hands the publisher for events.
-func benchMessages(events []outboxplugin.OutboxEvent) []outboxplugin.Message {
-	msgs := make([]outboxplugin.Message, len(events))
-	for i, e := range events {
-		msgs[i] = outboxplugin.Message{
-			ID:            e.MessageID,
-			EventType:     e.EventType,
-			Key:           e.AggregateType + ":" + e.AggregateID,
-			AggregateType: e.AggregateType,
-			AggregateID:   e.AggregateID,
-			Payload:       e.Payload,
-			Headers:       map[string]string{traceHeader: "bench"},
-			CreatedAt:     e.CreatedAt,
-			Attempt:       1,
-		}
-	}
-	return msgs
 }
 
 // openBenchDB opens a fresh SQLite outbox for one round.
