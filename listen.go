@@ -26,11 +26,15 @@ var errListenUnsupported = errors.New("the database driver does not expose pgx's
 
 // listen runs until ctx ends, reconnecting with growing pauses after errors.
 func (w *Worker) listen(ctx context.Context) {
-	pause := time.Second
+	const firstPause = time.Second
+	pause := firstPause
 	for {
-		err := w.listenOnce(ctx)
+		listened, err := w.listenOnce(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			pause = firstPause // the connection worked: a new loss starts the pauses over
 		}
 		if errors.Is(err, errListenUnsupported) {
 			w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: no LISTEN wake-up, polling only",
@@ -48,14 +52,16 @@ func (w *Worker) listen(ctx context.Context) {
 	}
 }
 
-func (w *Worker) listenOnce(ctx context.Context) error {
+// listenOnce LISTENs on a connection of its own until an error; listened reports whether LISTEN
+// took effect.
+func (w *Worker) listenOnce(ctx context.Context) (listened bool, err error) {
 	sqlDB, err := w.db.DB()
 	if err != nil {
-		return fmt.Errorf("%w: %w", errListenUnsupported, err)
+		return false, fmt.Errorf("%w: %w", errListenUnsupported, err)
 	}
 	conn, err := sqlDB.Conn(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// The connection carries LISTEN state (and may have been interrupted mid-read): never hand it
 	// back to the pool, close it.
@@ -64,14 +70,14 @@ func (w *Worker) listenOnce(ctx context.Context) error {
 		_ = conn.Close()
 	}()
 	if _, err := conn.ExecContext(ctx, "LISTEN "+quotePGIdent(w.cfg.table)); err != nil {
-		return err
+		return false, err
 	}
 	// Events committed before LISTEN took effect would otherwise wait for a poll.
 	w.Wake()
 	for {
 		err := conn.Raw(func(dc any) error { return waitForNotification(ctx, dc) })
 		if err != nil {
-			return err
+			return true, err
 		}
 		w.Wake()
 	}

@@ -522,6 +522,20 @@ func (w *Worker) ensureKeyIndex(ctx context.Context) error {
 		if err == nil && n == 0 {
 			err = db.Exec(`CREATE INDEX ` + name + ` ON ` + w.sql.table + ` (aggregate_type, aggregate_id, id)`).Error
 		}
+	case "postgres":
+		// Look first, and build a missing index CONCURRENTLY: CREATE INDEX, even IF NOT EXISTS an
+		// index that exists, takes a SHARE lock, which waits for every open write transaction on
+		// the table and holds up every write that comes after it — the application's stall.
+		qualified := name
+		if i := strings.LastIndex(w.cfg.table, "."); i >= 0 {
+			qualified = w.cfg.table[:i+1] + name
+		}
+		var exists bool
+		err = db.Raw(`SELECT to_regclass(?) IS NOT NULL`, qualified).Scan(&exists).Error
+		if err == nil && !exists {
+			err = db.Exec(`CREATE INDEX CONCURRENTLY IF NOT EXISTS ` + name + ` ON ` + w.sql.table +
+				` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
+		}
 	default:
 		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + w.sql.table +
 			` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error

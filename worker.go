@@ -64,6 +64,11 @@ type workerConfig struct {
 // WorkerOption configures a Worker.
 type WorkerOption func(*workerConfig) error
 
+// maxPublishBackoff caps Run's pause after a batch the broker took none of (unless the poll interval
+// is longer): during an outage the worker tries again at most this often, and after it, new events
+// wait at most this long.
+const maxPublishBackoff = 10 * time.Second
+
 // Defaults of the worker's options.
 const (
 	DefaultBatchSize      = 100
@@ -353,7 +358,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		n, err := w.runBatch(ctx, &carried, &ahead)
+		n, publishFailed, err := w.runBatch(ctx, &carried, &ahead)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -364,6 +369,16 @@ func (w *Worker) Run(ctx context.Context) error {
 			wait = min(w.cfg.pollInterval*time.Duration(1<<min(failures, 6)), 30*time.Second+w.cfg.pollInterval)
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: relay batch failed",
 				slog.String("worker", w.owner), slog.Int("consecutive_failures", failures), slog.Any("error", err))
+		case publishFailed:
+			// The broker took none of the batch: it is probably down. Back off (the failed events
+			// have their own retry times), ignoring wake-ups meanwhile, so that an outage costs a
+			// claim, a write and a log line now and then, not one per commit of the application.
+			failures++
+			wait = min(w.cfg.pollInterval*time.Duration(1<<min(failures, 6)), max(maxPublishBackoff, w.cfg.pollInterval))
+			if ahead != nil {
+				w.releaseAhead(ctx, ahead) // its lease would run while the worker waits
+				ahead = nil
+			}
 		case n == w.cfg.batchSize || ahead != nil:
 			failures = 0
 			wait = 0 // more may be waiting
@@ -386,12 +401,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		if wait == 0 {
 			continue
 		}
+		wake := w.wake
+		if failures > 0 {
+			wake = nil // backing off: a notification must not cut the pause short
+		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return nil
-		case <-w.wake:
+		case <-wake:
 			timer.Stop()
 		case <-timer.C:
 		}
@@ -403,27 +422,30 @@ func (w *Worker) Run(ctx context.Context) error {
 // the worker pipelines, the next batch is claimed — and this turn's carried batch marked — while the
 // publisher works, so that the database and the broker are busy at the same time; that batch is
 // published by the next turn.
-func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch) (int, error) {
+func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch) (published int, publishFailed bool, err error) {
 	c := *ahead
 	*ahead = nil
 	if c == nil {
-		var err error
 		c, err = w.claimAndMark(ctx, carried)
 		if err != nil || len(c.rows) == 0 {
-			return 0, err
+			return 0, false, err
 		}
 	}
+	// failedWhole tells Run that the broker took nothing: a batch that failed as a whole, not
+	// one cut short by shutdown.
+	failedWhole := func(pubErr error, n int) bool { return pubErr != nil && n == 0 && ctx.Err() == nil }
 	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
 	// published marks it, even when this batch is short.
 	if !w.pipeline || (len(c.rows) < w.cfg.batchSize && *carried == nil) {
-		n, next, err := w.completeBatch(ctx, c, w.publishBatch(ctx, c), true)
+		pubErr := w.publishBatch(ctx, c)
+		n, next, err := w.completeBatch(ctx, c, pubErr, true)
 		*carried = next
-		return n, err
+		return n, failedWhole(pubErr, n), err
 	}
-	published := make(chan error, 1)
-	go func() { published <- w.publishBatch(ctx, c) }()
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- w.publishBatch(ctx, c) }()
 	next, claimErr := w.claimAndMark(ctx, carried)
-	pubErr := <-published
+	pubErr := <-pubDone
 	if claimErr == nil && len(next.rows) > 0 {
 		*ahead = next
 	}
@@ -432,7 +454,7 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 	if err == nil && claimErr != nil {
 		err = claimErr
 	}
-	return n, err
+	return n, failedWhole(pubErr, n), err
 }
 
 // claimAndMark claims a batch, marking *carried done with it; when the claim fails, *carried is
