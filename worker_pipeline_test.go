@@ -3,7 +3,9 @@ package outboxplugin_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,4 +214,35 @@ func TestPostgresAsyncCommitStaysInTheRelaysTransactions(t *testing.T) {
 		return tx.Raw("SHOW synchronous_commit").Scan(&setting).Error
 	}))
 	assert.Equal(t, "on", setting, "an application transaction's setting")
+}
+
+// While the broker is down, Run backs off: neither new events nor wake-ups (a notification per commit
+// on PostgreSQL) make it try more often than its growing pause.
+func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		var calls atomic.Int64
+		down := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
+			calls.Add(1)
+			return errors.New("broker down")
+		})
+		w := newWorker(t, db, down, outboxplugin.WithPollInterval(20*time.Millisecond), outboxplugin.WithoutListen())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+
+		// An application committing every 5 ms, each commit waking the worker, for 1.2 s.
+		deadline := time.Now().Add(1200 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			require.NoError(t, db.Create(&User{Name: "x"}).Error)
+			w.Wake()
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+		require.NoError(t, <-done)
+		// Pauses of 40, 80, 160, 320, 640 ms: about 6 tries in 1.2 s; without the back-off, one per
+		// commit (more than 100).
+		assert.LessOrEqual(t, calls.Load(), int64(10), "publish attempts while the broker was down")
+		assert.GreaterOrEqual(t, calls.Load(), int64(2))
+	})
 }
