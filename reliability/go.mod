@@ -1,0 +1,45 @@
+module github.com/gorm-outbox/outboxplugin/reliability
+
+go 1.26.0
+
+require (
+	github.com/go-sql-driver/mysql v1.10.1
+	github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin/publishers/nats v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin/publishers/rabbitmq v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin/publishers/redis v0.0.0-00010101000000-000000000000
+	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/redis/go-redis/v9 v9.23.0
+	gorm.io/driver/mysql v1.6.0
+	gorm.io/driver/postgres v1.6.3
+	gorm.io/driver/sqlite v1.6.0
+	gorm.io/gorm v1.31.2
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/jinzhu/now v1.1.5 // indirect
+	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/mattn/go-sqlite3 v1.14.53 // indirect
+	github.com/nats-io/nkeys v0.4.16 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+)
+
+replace (
+	github.com/gorm-outbox/outboxplugin => ../
+	github.com/gorm-outbox/outboxplugin/publishers/nats => ../publishers/nats
+	github.com/gorm-outbox/outboxplugin/publishers/rabbitmq => ../publishers/rabbitmq
+	github.com/gorm-outbox/outboxplugin/publishers/redis => ../publishers/redis
+)
