@@ -143,14 +143,16 @@ func isZeroValue(v any) bool {
 }
 
 // keyString is the identity of a row as one comparable string, used to match keys found in the
-// database with keys held in memory.
+// database with keys held in memory. Each part is preceded by its length, so that two different keys
+// never give the same string, whatever bytes their parts hold (a separator byte could occur in a
+// string key).
 func keyString(keys []any) string {
 	b := make([]byte, 0, 16*len(keys))
-	for i, k := range keys {
-		if i > 0 {
-			b = append(b, 0)
-		}
-		b = append(b, aggregateIDPart(k)...)
+	for _, k := range keys {
+		part := aggregateIDPart(k)
+		b = strconv.AppendInt(b, int64(len(part)), 10)
+		b = append(b, ':')
+		b = append(b, part...)
 	}
 	return string(b)
 }
@@ -327,10 +329,18 @@ func validJSON(b []byte) (string, error) {
 	if b == nil {
 		return "null", nil
 	}
-	if !json.Valid(b) {
+	if !isJSON(b) {
 		return "", fmt.Errorf("%w: %w", ErrEncodePayload, ErrInvalidJSON)
 	}
 	return string(b), nil
+}
+
+// isJSON reports whether b is a JSON document in UTF-8. json.Valid alone accepts invalid UTF-8
+// inside strings (the decoder would replace it), which PostgreSQL's jsonb and MySQL's json refuse and
+// SQLite would store and the relay publish as it is; JSON exchanged between systems must be UTF-8
+// (RFC 8259, section 8.1).
+func isJSON(b []byte) bool {
+	return utf8.Valid(b) && json.Valid(b)
 }
 
 // encodeHeaders encodes headers as a JSON object; no headers is SQL NULL (nil).

@@ -66,19 +66,25 @@ type OutboxEvent struct {
 func (OutboxEvent) TableName() string { return DefaultTableName }
 
 // BeforeCreate completes a row written by hand: it gives it a message id and a creation time when
-// they are missing, stores a nil payload as JSON null, and refuses an empty event type or a payload or
-// headers that are not valid JSON, so that no row the relay cannot publish is committed.
+// they are missing, stores a nil payload as JSON null, and refuses an empty event type, a payload that
+// is not valid JSON in UTF-8, or headers that are not a JSON object of strings, so that no row the
+// relay cannot publish is committed.
 func (e *OutboxEvent) BeforeCreate(*gorm.DB) error {
 	if e.EventType == "" {
 		return fmt.Errorf("outboxplugin: OutboxEvent: %w", ErrEmptyEventType)
 	}
 	if e.Payload == nil {
 		e.Payload = JSON("null")
-	} else if !json.Valid(e.Payload) {
+	} else if !isJSON(e.Payload) {
 		return fmt.Errorf("outboxplugin: OutboxEvent %q: payload: %w", e.EventType, ErrInvalidJSON)
 	}
-	if e.Headers != nil && !json.Valid(e.Headers) {
-		return fmt.Errorf("outboxplugin: OutboxEvent %q: headers: %w", e.EventType, ErrInvalidJSON)
+	if e.Headers != nil {
+		// The relay reads headers into Message.Headers, a map of strings: a document of another
+		// shape would fail every claim that reaches the row.
+		var h map[string]string
+		if !isJSON(e.Headers) || json.Unmarshal(e.Headers, &h) != nil {
+			return fmt.Errorf("outboxplugin: OutboxEvent %q: headers must be a JSON object of strings: %w", e.EventType, ErrInvalidJSON)
+		}
 	}
 	if e.MessageID == "" {
 		e.MessageID = newMessageID()
