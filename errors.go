@@ -8,8 +8,9 @@ var (
 	// ErrInvalidOption is returned by db.Use when an option is out of range.
 	ErrInvalidOption = errors.New("invalid option")
 
-	// ErrInvalidTableName is returned by db.Use when WithTableName is not a plain SQL identifier
-	// (letters, digits and underscores, not starting with a digit, optionally schema-qualified).
+	// ErrInvalidTableName is returned by db.Use when WithTableName, and by the worker's methods when
+	// WithTable, is not a plain SQL identifier (letters, digits and underscores, not starting with a
+	// digit, optionally schema-qualified). It comes wrapped together with ErrInvalidOption.
 	ErrInvalidTableName = errors.New("invalid outbox table name")
 
 	// ErrEmptyEventType is returned when an event would have no type.

@@ -132,7 +132,7 @@ var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][
 func WithTableName(name string) Option {
 	return func(c *config) error {
 		if !identifierRE.MatchString(name) {
-			return fmt.Errorf("%w: %q", ErrInvalidTableName, name)
+			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
 		}
 		c.table = name
 		return nil

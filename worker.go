@@ -201,7 +201,7 @@ func WithRetention(d time.Duration) WorkerOption {
 func WithTable(name string) WorkerOption {
 	return func(c *workerConfig) error {
 		if !identifierRE.MatchString(name) {
-			return fmt.Errorf("%w: %q", ErrInvalidTableName, name)
+			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
 		}
 		c.table = name
 		return nil
