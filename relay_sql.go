@@ -203,6 +203,9 @@ type claimedRow struct {
 	id   int64
 	ctid string // PostgreSQL: where the claim left the row
 	msg  Message
+	// undecodable: the row's headers or creation time could not be read (a row written by hand
+	// with raw SQL); the worker buries it as dead instead of failing the whole claim.
+	undecodable error
 }
 
 // pickArgs are the values of the pick subquery's placeholders, in text order.
@@ -317,11 +320,14 @@ func scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool) (out []claime
 		m.Payload = payload
 		if len(headers) > 0 && string(headers) != "null" {
 			if err := json.Unmarshal(headers, &m.Headers); err != nil {
-				return nil, fmt.Errorf("event %s: headers: %w", m.ID, err)
+				m.Headers = nil
+				r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
 			}
 		}
-		if m.CreatedAt, err = asTime(created); err != nil {
-			return nil, fmt.Errorf("event %s: created_at: %w", m.ID, err)
+		if t, err := asTime(created); err != nil {
+			r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
+		} else {
+			m.CreatedAt = t
 		}
 		m.Key = messageKey(m.AggregateType, m.AggregateID)
 		m.Attempt = attempts + attemptOffset

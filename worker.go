@@ -553,13 +553,49 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 		prev.res.FinishDuration = c.res.ClaimDuration
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
-	c.rows = rows
 	c.res.Claimed = len(rows)
+	rows = w.buryUndecodable(ctx, rows)
+	c.rows = rows
 	c.msgs = make([]Message, len(rows))
 	for i, r := range rows {
 		c.msgs[i] = r.msg
 	}
 	return c, nil
+}
+
+// buryUndecodable takes the rows that cannot be made into messages (headers or a creation time that
+// a row written by hand with raw SQL got wrong) out of a claimed batch and marks them dead, with the
+// reason as their last error: one such row must not stop the relay, and retrying it cannot help. Fix
+// the row and call RequeueDead to publish it. It returns the rest.
+func (w *Worker) buryUndecodable(ctx context.Context, rows []claimedRow) []claimedRow {
+	var bad []claimedRow
+	good := rows[:0:0]
+	for _, r := range rows {
+		if r.undecodable != nil {
+			bad = append(bad, r)
+		} else {
+			good = append(good, r)
+		}
+	}
+	if len(bad) == 0 {
+		return rows
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	now := time.Now().UTC()
+	for _, r := range bad {
+		err := fmt.Errorf("outboxplugin: event cannot be read: %w", r.undecodable)
+		if merr := w.sql.markDead(fctx, w.sql.db, w.owner, []int64{r.id}, errorText(err), now); merr != nil {
+			// It stays leased, and is claimed — and buried — again when the lease runs out.
+			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unreadable event dead",
+				slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", merr))
+			continue
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event cannot be read; marked dead",
+			slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", err))
+		w.cfg.observer.Dead(ctx, r.msg, err)
+	}
+	return good
 }
 
 // publishBatch publishes a claimed batch and returns the publisher's error.

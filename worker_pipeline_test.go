@@ -246,3 +246,36 @@ func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
 		assert.GreaterOrEqual(t, calls.Load(), int64(2))
 	})
 }
+
+// A row written by hand with raw SQL whose headers the relay cannot read is marked dead, with the
+// reason; it does not fail the claim, and the events around it are published.
+func TestWorkerBuriesUnreadableRow(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&User{Name: "before"}).Error)
+		require.NoError(t, db.Exec(`INSERT INTO outbox_events (message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, processed, attempts)
+			VALUES ('bad-headers', 'Hand_written', '', '', '{}', '{"retries": 3}', ?, false, 0)`, time.Now().UTC()).Error)
+		require.NoError(t, db.Create(&User{Name: "after"}).Error)
+
+		var dead []string
+		obs := &deadObserver{onDead: func(m outboxplugin.Message, err error) { dead = append(dead, m.ID) }}
+		rec := newRecorder()
+		w := newWorker(t, db, rec, outboxplugin.WithObserver(obs))
+		n, err := w.ProcessOnce(context.Background())
+		require.NoError(t, err, "one unreadable row must not fail the claim")
+		assert.Equal(t, 2, n)
+		assert.Equal(t, 2, rec.distinct())
+		assert.Equal(t, []string{"bad-headers"}, dead)
+
+		row := outboxRow(t, db, "bad-headers")
+		assert.NotNil(t, row.DeadAt)
+		assert.False(t, row.Processed)
+		assert.Nil(t, row.LockedBy)
+		require.NotNil(t, row.LastError)
+		assert.Contains(t, *row.LastError, "headers")
+
+		n, err = w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Zero(t, n, "a dead row is not claimed again")
+	})
+}
