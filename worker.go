@@ -649,16 +649,58 @@ func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
 	w.cfg.observer.BatchDone(ctx, b.res)
 }
 
-// publish calls the publisher within the publish timeout, turning a panic into an error.
-func (w *Worker) publish(ctx context.Context, msgs []Message) (err error) {
+// publish calls the publisher within the publish timeout, turning a panic into an error. Events that
+// failed before (Attempt > 1) go to the publisher one per call, after the others have gone together:
+// an event that makes the publisher fail (or panic on) its whole batch then fails alone on its retry,
+// instead of taking its batch-mates to dead with it. All the calls share the one publish timeout, so
+// a batch still takes at most that long.
+func (w *Worker) publish(ctx context.Context, msgs []Message) error {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
 	defer cancel()
+	var fresh, retried []Message
+	for _, m := range msgs {
+		if m.Attempt > 1 {
+			retried = append(retried, m)
+		} else {
+			fresh = append(fresh, m)
+		}
+	}
+	if len(retried) == 0 || len(msgs) == 1 {
+		return w.call(pctx, msgs)
+	}
+	failed := map[string]error{}
+	record := func(part []Message, err error) {
+		var partial *PublishError
+		switch {
+		case err == nil:
+		case errors.As(err, &partial):
+			for id, e := range partial.Failed {
+				failed[id] = e
+			}
+		default:
+			for _, m := range part {
+				failed[m.ID] = err
+			}
+		}
+	}
+	if len(fresh) > 0 {
+		record(fresh, w.call(pctx, fresh))
+	}
+	for i := range retried {
+		one := retried[i : i+1]
+		record(one, w.call(pctx, one))
+	}
+	return FailedMessages(failed)
+}
+
+// call is one call of the publisher, with a panic turned into an error.
+func (w *Worker) call(ctx context.Context, msgs []Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("publisher panicked: %v", r)
 		}
 	}()
-	return w.pub.Publish(pctx, msgs)
+	return w.pub.Publish(ctx, msgs)
 }
 
 // finish records the outcome of a batch: published rows done, failed rows scheduled for retry or

@@ -279,3 +279,55 @@ func TestWorkerBuriesUnreadableRow(t *testing.T) {
 		assert.Zero(t, n, "a dead row is not claimed again")
 	})
 }
+
+// A publisher that fails (or panics on) its whole batch because of one event: on the retry, events
+// that failed before go to the publisher one by one, so only that event dies; its batch-mates are
+// published.
+func TestWorkerIsolatesAnEventThatFailsItsWholeBatch(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		for _, mode := range []string{"error", "panic"} {
+			t.Run(mode, func(t *testing.T) {
+				db := setup(t, d, nil)
+				users := make([]User, 30)
+				require.NoError(t, db.Create(&users).Error)
+				poison := loadEvents(t, db)[3].MessageID
+
+				rec := newRecorder()
+				pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+					for _, m := range msgs {
+						if m.ID == poison {
+							if mode == "panic" {
+								panic("cannot publish " + m.ID)
+							}
+							return errors.New("the batch was refused")
+						}
+					}
+					return rec.Publish(ctx, msgs)
+				})
+				w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithMaxAttempts(3),
+					outboxplugin.WithRetryPolicy(outboxplugin.ExponentialBackoff{Base: time.Millisecond, Max: time.Millisecond}))
+				deadline := time.Now().Add(20 * time.Second)
+				for time.Now().Before(deadline) {
+					_, err := w.ProcessOnce(context.Background())
+					require.NoError(t, err)
+					var open int64
+					require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ? AND dead_at IS NULL", false).Count(&open).Error)
+					if open == 0 {
+						break
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+				var dead []string
+				for _, e := range loadEvents(t, db) {
+					if e.DeadAt != nil {
+						dead = append(dead, e.MessageID)
+					} else {
+						assert.True(t, e.Processed, "event %s", e.MessageID)
+					}
+				}
+				assert.Equal(t, []string{poison}, dead, "only the poison event dies")
+				assert.Equal(t, 29, rec.distinct())
+			})
+		}
+	})
+}
