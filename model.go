@@ -198,16 +198,37 @@ var pgStorageOptions = []struct{ name, value string }{
 	{"autovacuum_vacuum_threshold", "10000"},
 }
 
+// errOutboxTableMissing: setStorageOptions found no table of that name.
+var errOutboxTableMissing = errors.New("no such outbox table")
+
+// pgQuotedName quotes each part of a (possibly schema-qualified) table name for PostgreSQL.
+func pgQuotedName(name string) string {
+	parts := strings.Split(name, ".")
+	for i, p := range parts {
+		parts[i] = quotePGIdent(p)
+	}
+	return strings.Join(parts, ".")
+}
+
 // setStorageOptions applies pgStorageOptions to a PostgreSQL table.
 func setStorageOptions(db *gorm.DB, table string) error {
 	if db.Dialector.Name() != "postgres" {
 		return nil
 	}
-	var options string
-	err := db.Raw(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = to_regclass(?)`, table).Scan(&options).Error
+	var found struct {
+		Exists  bool
+		Options string
+	}
+	// Each part quoted, as GORM created it: an unquoted mixed-case name would be folded to lower case.
+	err := db.Raw(`SELECT to_regclass(?) IS NOT NULL AS exists, COALESCE((SELECT array_to_string(reloptions, ',')`+
+		` FROM pg_class WHERE oid = to_regclass(?)), '') AS options`, pgQuotedName(table), pgQuotedName(table)).Scan(&found).Error
 	if err != nil {
 		return fmt.Errorf("read storage options: %w", err)
 	}
+	if !found.Exists {
+		return fmt.Errorf("%w: %s", errOutboxTableMissing, table)
+	}
+	options := found.Options
 	var set []string
 	for _, o := range pgStorageOptions {
 		if !strings.Contains(","+options, ","+o.name+"=") {

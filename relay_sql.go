@@ -501,7 +501,10 @@ func (w *Worker) prepareTable(ctx context.Context) error {
 	if w.prepared {
 		return nil
 	}
-	if err := setStorageOptions(w.db.WithContext(ctx), w.cfg.table); err != nil {
+	if err := setStorageOptions(w.db.WithContext(ctx), w.cfg.table); errors.Is(err, errOutboxTableMissing) {
+		// Not prepared: the claim reports the missing table, and the next batch prepares again.
+		return nil
+	} else if err != nil {
 		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: could not set the outbox table's storage options; claims will be slower",
 			slog.String("worker", w.owner), slog.Any("error", err))
 	}
