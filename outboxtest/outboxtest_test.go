@@ -171,3 +171,67 @@ func (f *fatalRecorder) Fatalf(string, ...any) {
 	f.fatal = true
 	runtime.Goexit()
 }
+
+func TestProxyMute(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	received := make(chan string, 4)
+	go func() { // an echo server that also reports what it received
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						received <- string(buf[:n])
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p, err := outboxtest.NewProxy(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	p.Mute(true)
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-received:
+		if got != "ping" {
+			t.Fatalf("server received %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a muted proxy held back what the client sent")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); err == nil {
+		t.Fatalf("a muted proxy let the answer %q through", buf[:n])
+	}
+	p.Mute(false)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("after Mute(false): %q, %v", buf, err)
+	}
+}

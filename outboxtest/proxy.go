@@ -9,13 +9,16 @@ import (
 
 // Proxy is a TCP proxy on loopback that a test puts between a client and a real server, then cuts
 // (every connection dropped, new ones refused) and restores, to play a server outage or a lost
-// connection without touching the server.
+// connection without touching the server; or mutes (what the server sends is held back, what the
+// client sends still flows), to play a server that takes requests and never answers.
 type Proxy struct {
 	target string
 	ln     net.Listener
 
 	mu     sync.Mutex
+	cond   *sync.Cond // signalled when muted, cut or closed change
 	cut    bool
+	muted  bool
 	closed bool
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
@@ -28,6 +31,7 @@ func NewProxy(target string) (*Proxy, error) {
 		return nil, fmt.Errorf("outboxtest: proxy: %w", err)
 	}
 	p := &Proxy{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -45,6 +49,16 @@ func (p *Proxy) Cut() {
 	for c := range p.conns {
 		c.Close()
 	}
+	p.cond.Broadcast()
+}
+
+// Mute holds back, while on, everything the server sends on open and new connections (it is
+// delivered when Mute(false) comes); what the client sends still reaches the server.
+func (p *Proxy) Mute(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.muted = on
+	p.cond.Broadcast()
 }
 
 // Restore forwards new connections again.
@@ -62,6 +76,7 @@ func (p *Proxy) Close() error {
 	for c := range p.conns {
 		c.Close()
 	}
+	p.cond.Broadcast()
 	p.mu.Unlock()
 	err := p.ln.Close()
 	p.wg.Wait()
@@ -94,7 +109,7 @@ func (p *Proxy) accept() {
 		}
 		p.wg.Add(2)
 		go p.pipe(server, client)
-		go p.pipe(client, server)
+		go p.pipeFromServer(client, server)
 	}
 }
 
@@ -111,15 +126,52 @@ func (p *Proxy) track(conns ...net.Conn) bool {
 	return true
 }
 
+// pipeFromServer copies what the server sends to the client, holding it back while the proxy is
+// muted, until either connection ends; then it closes both.
+func (p *Proxy) pipeFromServer(client, server net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(client, server)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 {
+			if !p.waitUnmuted() {
+				return
+			}
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// waitUnmuted blocks while the proxy is muted; it reports false once the proxy is cut or closed.
+func (p *Proxy) waitUnmuted() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.muted && !p.cut && !p.closed {
+		p.cond.Wait()
+	}
+	return !p.cut && !p.closed
+}
+
+// untrack closes a connection pair and forgets it.
+func (p *Proxy) untrack(a, b net.Conn) {
+	a.Close()
+	b.Close()
+	p.mu.Lock()
+	delete(p.conns, a)
+	delete(p.conns, b)
+	p.mu.Unlock()
+}
+
 // pipe copies src to dst until either ends, then closes both.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
 	// io.Copy ends at EOF or on a closed or failed connection: either way the pair is done.
 	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
+	p.untrack(dst, src)
 }

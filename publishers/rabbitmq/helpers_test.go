@@ -4,12 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -213,113 +211,6 @@ func testMessages(n int, aggregateType string) []outboxplugin.Message {
 		}
 	}
 	return msgs
-}
-
-// muteProxy forwards TCP connections to a server and can hold back what the server sends (Mute),
-// leaving the client's writes flowing: a broker that takes messages and never confirms them.
-type muteProxy struct {
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	cond   *sync.Cond
-	muted  bool
-	closed bool
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newMuteProxy(tb testing.TB, target string) *muteProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &muteProxy{ln: ln, target: target}
-	p.cond = sync.NewCond(&p.mu)
-	p.wg.Add(1)
-	go p.accept()
-	tb.Cleanup(p.close)
-	return p
-}
-
-func (p *muteProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *muteProxy) mute(on bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.muted = on
-	p.cond.Broadcast()
-}
-
-func (p *muteProxy) close() {
-	p.mu.Lock()
-	p.closed = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.cond.Broadcast()
-	p.mu.Unlock()
-	p.ln.Close()
-	p.wg.Wait()
-}
-
-func (p *muteProxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			client.Close()
-			server.Close()
-			return
-		}
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(server, client)
-			server.Close()
-		}()
-		go func() {
-			defer p.wg.Done()
-			defer client.Close()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := server.Read(buf)
-				if n > 0 {
-					if !p.waitUnmuted() {
-						return
-					}
-					if _, werr := client.Write(buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
-
-// waitUnmuted blocks while the proxy is muted; it reports false when the proxy closed.
-func (p *muteProxy) waitUnmuted() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.muted && !p.closed {
-		p.cond.Wait()
-	}
-	return !p.closed
 }
 
 // withTimeout is a context for one test step.
