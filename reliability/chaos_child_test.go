@@ -254,7 +254,11 @@ func chaosWriteOnce(db *gorm.DB, rng *rand.Rand, intent string) error {
 				if len(ids) == 0 {
 					continue // no account yet
 				}
-				if err := tx.Model(&KillAccount{}).Where("id IN ?", ids).Update("updated_intent", intent).Error; err != nil {
+				// The balance changes too: a second update of the same rows in one transaction would
+				// otherwise write the same intent again, which MySQL counts as no change (its affected
+				// rows are changed rows), so the plugin rightly emits nothing for it (docs/capture.md).
+				if err := tx.Model(&KillAccount{}).Where("id IN ?", ids).
+					Updates(map[string]any{"balance": gorm.Expr("balance + 1"), "updated_intent": intent}).Error; err != nil {
 					return err
 				}
 				note("KillAccount_update", ids...)
