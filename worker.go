@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -568,17 +569,16 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 // reason as their last error: one such row must not stop the relay, and retrying it cannot help. Fix
 // the row and call RequeueDead to publish it. It returns the rest.
 func (w *Worker) buryUndecodable(ctx context.Context, rows []claimedRow) []claimedRow {
-	var bad []claimedRow
-	good := rows[:0:0]
+	if !slices.ContainsFunc(rows, func(r claimedRow) bool { return r.undecodable != nil }) {
+		return rows // the usual case: no copy on the hot path
+	}
+	var bad, good []claimedRow
 	for _, r := range rows {
 		if r.undecodable != nil {
 			bad = append(bad, r)
 		} else {
 			good = append(good, r)
 		}
-	}
-	if len(bad) == 0 {
-		return rows
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -657,6 +657,9 @@ func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
 func (w *Worker) publish(ctx context.Context, msgs []Message) error {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
 	defer cancel()
+	if len(msgs) == 1 || !slices.ContainsFunc(msgs, func(m Message) bool { return m.Attempt > 1 }) {
+		return w.call(pctx, msgs) // the usual case: one call, no copy
+	}
 	var fresh, retried []Message
 	for _, m := range msgs {
 		if m.Attempt > 1 {
@@ -664,9 +667,6 @@ func (w *Worker) publish(ctx context.Context, msgs []Message) error {
 		} else {
 			fresh = append(fresh, m)
 		}
-	}
-	if len(retried) == 0 || len(msgs) == 1 {
-		return w.call(pctx, msgs)
 	}
 	failed := map[string]error{}
 	record := func(part []Message, err error) {
