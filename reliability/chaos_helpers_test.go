@@ -511,6 +511,22 @@ func (l *chaosLedger) snapshot() (map[string]int, []chaosEntry) {
 	return count, append([]chaosEntry(nil), l.order...)
 }
 
+// chaosWindDown ends a scenario: it stops the relays (each within 30 s), then waits up to 10 s for
+// the consumer to have read every entry of the stream, reporting failures on t.
+func chaosWindDown(ctx context.Context, t *testing.T, relays []*chaosProc, client *redis.Client, stream string, l *chaosLedger) {
+	t.Helper()
+	for _, r := range relays {
+		if err := r.stop(30 * time.Second); err != nil {
+			t.Error(err)
+		}
+	}
+	catchCtx, stopCatch := context.WithTimeout(ctx, 10*time.Second)
+	defer stopCatch()
+	if err := chaosCatchUp(catchCtx, client, stream, l); err != nil {
+		t.Error(err)
+	}
+}
+
 // chaosCatchUp waits until the consumer has read every entry of the stream.
 func chaosCatchUp(ctx context.Context, client *redis.Client, stream string, l *chaosLedger) error {
 	for {

@@ -179,16 +179,7 @@ func poisonScenario(t *testing.T, dialect string) {
 	if err != nil {
 		t.Errorf("%v: %d of %d delivered", err, ledger.distinct(), len(rows))
 	}
-	for _, r := range relays {
-		if err := r.stop(30 * time.Second); err != nil {
-			t.Error(err)
-		}
-	}
-	catchCtx, stopCatch := context.WithTimeout(ctx, 10*time.Second)
-	defer stopCatch()
-	if err := chaosCatchUp(catchCtx, rdb, stream, ledger); err != nil {
-		t.Error(err)
-	}
+	chaosWindDown(ctx, t, relays, rdb, stream, ledger)
 	stopConsumer()
 	consumerDone()
 	count, order = ledger.snapshot()

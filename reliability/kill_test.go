@@ -209,16 +209,7 @@ func killScenario(t *testing.T, dialect string, phase time.Duration) {
 	if err := monitor.poll(ctx); err != nil { // what the last tick did not see
 		t.Error(err)
 	}
-	for _, r := range relays {
-		if err := r.stop(30 * time.Second); err != nil {
-			t.Error(err)
-		}
-	}
-	catchCtx, stopCatch := context.WithTimeout(ctx, 10*time.Second)
-	defer stopCatch()
-	if err := chaosCatchUp(catchCtx, rdb, stream, ledger); err != nil {
-		t.Error(err)
-	}
+	chaosWindDown(ctx, t, relays, rdb, stream, ledger)
 	stopConsumer()
 	consumerDone()
 
