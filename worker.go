@@ -39,6 +39,9 @@ type Worker struct {
 	// pipeline: Run claims the next batch while it publishes a full one. Not with per-key ordering,
 	// and only when the lease covers a batch that waits one publish timeout before its own.
 	pipeline bool
+	// lastClaim and lastPublish are how long Run's latest batch took to claim and to publish; Run
+	// claims ahead only while publishing takes long enough for the overlap to pay (overlapPays).
+	lastClaim, lastPublish time.Duration
 
 	prepareMu sync.Mutex
 	prepared  bool
@@ -436,9 +439,17 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 	// one cut short by shutdown.
 	failedWhole := func(pubErr error, n int) bool { return pubErr != nil && n == 0 && ctx.Err() == nil }
 	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
-	// published marks it, even when this batch is short.
-	if !w.pipeline || (len(c.rows) < w.cfg.batchSize && *carried == nil) {
+	// published marks it, even when this batch is short — unless the publisher has become too fast
+	// for the overlap to pay.
+	if !w.pipeline || (*carried == nil && len(c.rows) < w.cfg.batchSize) || !w.overlapPays() {
+		if *carried != nil {
+			// This batch was claimed ahead, and no claim will run while it is published to mark
+			// the one before it: mark that one now.
+			w.finishCarried(ctx, *carried)
+			*carried = nil
+		}
 		pubErr := w.publishBatch(ctx, c)
+		w.lastClaim, w.lastPublish = c.res.ClaimDuration, c.res.PublishDuration
 		n, next, err := w.completeBatch(ctx, c, pubErr, true)
 		*carried = next
 		return n, failedWhole(pubErr, n), err
@@ -447,6 +458,7 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 	go func() { pubDone <- w.publishBatch(ctx, c) }()
 	next, claimErr := w.claimAndMark(ctx, carried)
 	pubErr := <-pubDone
+	w.lastClaim, w.lastPublish = c.res.ClaimDuration, c.res.PublishDuration
 	if claimErr == nil && len(next.rows) > 0 {
 		*ahead = next
 	}
@@ -456,6 +468,18 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 		err = claimErr
 	}
 	return n, failedWhole(pubErr, n), err
+}
+
+// overlapMin is the least share of a claim's time that publishing must take for Run to claim ahead.
+// Below it the overlap saves little, and costs the other workers on the table: a batch claimed ahead
+// is leased rows that their claims must step over. A publisher that does nothing takes microseconds
+// against a claim's milliseconds; a broker's round trip takes far more than an eighth of a claim.
+const overlapMin = 8
+
+// overlapPays reports whether the latest batch took long enough to publish that claiming the next one
+// meanwhile pays; before any batch, it assumes so.
+func (w *Worker) overlapPays() bool {
+	return w.lastClaim == 0 || w.lastPublish*overlapMin >= w.lastClaim
 }
 
 // claimAndMark claims a batch, marking *carried done with it; when the claim fails, *carried is

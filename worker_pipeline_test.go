@@ -172,6 +172,72 @@ func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
 	})
 }
 
+// Run claims ahead only while publishing takes long enough for the overlap to pay: behind a publisher
+// that returns at once it claims one batch at a time (a batch claimed ahead would only be more leased
+// rows for other workers' claims to step over), and it claims ahead again once publishing slows down.
+func TestWorkerClaimsAheadOnlyWhilePublishingTakesTime(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(make([]User, 70)).Error)
+
+		var (
+			mu               sync.Mutex
+			calls            int
+			got              []string
+			aheadWhileFast   = true
+			aheadWhileSlowed bool
+		)
+		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			mu.Lock()
+			calls++
+			call := calls
+			mu.Unlock()
+			// Calls 1 to 3 return at once. Call 4 waits 300 ms for a batch claimed beside its own,
+			// which must not come: the calls before it were fast. Having been slow, call 5 waits for
+			// the claim ahead that must come.
+			wait := map[int]time.Duration{4: 300 * time.Millisecond, 5: 10 * time.Second}[call]
+			deadline := time.Now().Add(wait)
+			for time.Now().Before(deadline) && leasedCount(t, db) < 20 {
+				time.Sleep(5 * time.Millisecond)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch call {
+			case 4:
+				aheadWhileFast = leasedCount(t, db) > int64(len(msgs))
+			case 5:
+				aheadWhileSlowed = leasedCount(t, db) == 20
+			}
+			for _, m := range msgs {
+				got = append(got, m.ID)
+			}
+			return nil
+		})
+		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		require.Eventually(t, func() bool {
+			var pending int64
+			db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
+			return pending == 0
+		}, 20*time.Second, 10*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+
+		mu.Lock()
+		defer mu.Unlock()
+		assert.False(t, aheadWhileFast, "claimed ahead behind a publisher that returns at once")
+		assert.True(t, aheadWhileSlowed, "did not claim ahead once publishing took time")
+		var want []string
+		for _, e := range loadEvents(t, db) {
+			want = append(want, e.MessageID)
+			assert.Nil(t, e.LockedBy)
+		}
+		assert.Equal(t, want, got, "creation order, each once")
+	})
+}
+
 // On PostgreSQL the relay's claims and marks commit asynchronously, and that stays within their own
 // transactions: the application's transactions on the same connection still commit synchronously.
 func TestPostgresAsyncCommitStaysInTheRelaysTransactions(t *testing.T) {
