@@ -300,7 +300,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) *Worker {
 	if w.err == nil {
 		w.pipeline = !w.cfg.keyOrdering && w.cfg.lease > 2*w.cfg.publishTimeout
 		w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
-		w.sql, w.err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering)
+		w.sql, w.err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize)
 	}
 	if w.err != nil {
 		w.err = fmt.Errorf("outboxplugin: NewWorker: %w", w.err)
@@ -568,7 +568,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	if prev != nil {
 		prevDone = &prev.done
 	}
-	rows, err := w.sql.claim(ctx, w.owner, now, now.Add(w.cfg.lease), w.cfg.batchSize, prevDone, w.cfg.deleteOnPublish)
+	rows, err := w.sql.claim(ctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
 	c.res.ClaimDuration = time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("outboxplugin: claim: %w", err)
