@@ -935,6 +935,6 @@ func TestWorkerPreparesTableCreatedAfterItStarted(t *testing.T) {
 	require.NoError(t, err)
 	var options string
 	require.NoError(t, plain.Raw(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = to_regclass('"OutboxLater"')`).Scan(&options).Error)
-	assert.Contains(t, options, "fillfactor=70")
+	assert.Contains(t, options, "fillfactor=50")
 	assert.Contains(t, options, "autovacuum_vacuum_threshold=10000")
 }

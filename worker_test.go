@@ -508,7 +508,7 @@ func TestPostgresStorageOptions(t *testing.T) {
 
 	require.NoError(t, db.Exec(`ALTER TABLE outbox_events RESET (fillfactor, autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)`).Error)
 	require.NoError(t, outboxplugin.AutoMigrate(db))
-	assert.Equal(t, "fillfactor=70,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions())
+	assert.Equal(t, "fillfactor=50,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions())
 }
 
 func TestPeriodicCleanupAndBacklog(t *testing.T) {
