@@ -39,9 +39,6 @@ type Worker struct {
 	// pipeline: Run claims the next batch while it publishes a full one. Not with per-key ordering,
 	// and only when the lease covers a batch that waits one publish timeout before its own.
 	pipeline bool
-	// lastClaim and lastPublish are how long Run's latest batch took to claim and to publish; Run
-	// claims ahead only while publishing takes long enough for the overlap to pay (overlapPays).
-	lastClaim, lastPublish time.Duration
 
 	prepareMu sync.Mutex
 	prepared  bool
@@ -349,6 +346,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		nextBacklog = time.Now()
 		carried     *carriedBatch // published, to be marked done by the next claim
 		ahead       *claimedBatch // claimed while the batch before it was being published
+		pace        batchPace     // how long the latest batch took to claim and to publish
 	)
 	defer func() {
 		if ahead != nil {
@@ -362,7 +360,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		n, publishFailed, err := w.runBatch(ctx, &carried, &ahead)
+		n, publishFailed, err := w.runBatch(ctx, &carried, &ahead, &pace)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -426,7 +424,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // the worker pipelines, the next batch is claimed — and this turn's carried batch marked — while the
 // publisher works, so that the database and the broker are busy at the same time; that batch is
 // published by the next turn.
-func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch) (published int, publishFailed bool, err error) {
+func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch, pace *batchPace) (published int, publishFailed bool, err error) {
 	c := *ahead
 	*ahead = nil
 	if c == nil {
@@ -441,7 +439,7 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
 	// published marks it, even when this batch is short — unless the publisher has become too fast
 	// for the overlap to pay.
-	if !w.pipeline || (*carried == nil && len(c.rows) < w.cfg.batchSize) || !w.overlapPays() {
+	if !w.pipeline || (*carried == nil && len(c.rows) < w.cfg.batchSize) || !pace.overlapPays() {
 		if *carried != nil {
 			// This batch was claimed ahead, and no claim will run while it is published to mark
 			// the one before it: mark that one now.
@@ -449,7 +447,7 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 			*carried = nil
 		}
 		pubErr := w.publishBatch(ctx, c)
-		w.lastClaim, w.lastPublish = c.res.ClaimDuration, c.res.PublishDuration
+		*pace = batchPace{c.res.ClaimDuration, c.res.PublishDuration}
 		n, next, err := w.completeBatch(ctx, c, pubErr, true)
 		*carried = next
 		return n, failedWhole(pubErr, n), err
@@ -458,7 +456,7 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 	go func() { pubDone <- w.publishBatch(ctx, c) }()
 	next, claimErr := w.claimAndMark(ctx, carried)
 	pubErr := <-pubDone
-	w.lastClaim, w.lastPublish = c.res.ClaimDuration, c.res.PublishDuration
+	*pace = batchPace{c.res.ClaimDuration, c.res.PublishDuration}
 	if claimErr == nil && len(next.rows) > 0 {
 		*ahead = next
 	}
@@ -476,10 +474,13 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 // against a claim's milliseconds; a broker's round trip takes far more than an eighth of a claim.
 const overlapMin = 8
 
+// batchPace is how long Run's latest batch took to claim and to publish.
+type batchPace struct{ claim, publish time.Duration }
+
 // overlapPays reports whether the latest batch took long enough to publish that claiming the next one
 // meanwhile pays; before any batch, it assumes so.
-func (w *Worker) overlapPays() bool {
-	return w.lastClaim == 0 || w.lastPublish*overlapMin >= w.lastClaim
+func (p batchPace) overlapPays() bool {
+	return p.claim == 0 || p.publish*overlapMin >= p.claim
 }
 
 // claimAndMark claims a batch, marking *carried done with it; when the claim fails, *carried is
