@@ -45,6 +45,7 @@ type relaySQL struct {
 	claimSelect, claimStamp string
 
 	keyOrdering bool
+	batchSize   int
 }
 
 // returnedColumns are the columns a claim reads back, in scan order.
@@ -62,7 +63,7 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 		return nil, fmt.Errorf("the relay needs a *sql.DB: %w", err)
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &relaySQL{dialect: dialect, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering}
+	q := &relaySQL{dialect: dialect, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize}
 
 	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
 	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
@@ -246,13 +247,13 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 		if err != nil {
 			return nil, err
 		}
-		return scanClaimed(rows, 0, true)
+		return scanClaimed(rows, 0, true, q.batchSize)
 	case q.dialect == "postgres":
 		rows, err := q.db.QueryContext(ctx, q.claimUpdate, claimArgs...)
 		if err != nil {
 			return nil, err
 		}
-		return scanClaimed(rows, 0, true)
+		return scanClaimed(rows, 0, true, q.batchSize)
 	}
 
 	var claimed []claimedRow
@@ -267,7 +268,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 			if err != nil {
 				return err
 			}
-			claimed, err = scanClaimed(rows, 0, false)
+			claimed, err = scanClaimed(rows, 0, false, q.batchSize)
 			return err
 		}
 		rows, err := tx.QueryContext(ctx, q.claimSelect, q.pickArgs(now)...)
@@ -275,7 +276,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 			return err
 		}
 		// Read before the stamp, which adds the attempt.
-		if claimed, err = scanClaimed(rows, 1, false); err != nil || len(claimed) == 0 {
+		if claimed, err = scanClaimed(rows, 1, false, q.batchSize); err != nil || len(claimed) == 0 {
 			return err
 		}
 		in, ids := q.idList(rowIDs(claimed))
@@ -302,18 +303,27 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-func scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool) (out []claimedRow, err error) {
+// scanClaimed reads a claim's rows into a slice sized for a batch, scanning each straight into its
+// element: per row, only what the driver must copy is allocated.
+func scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool, batchSize int) (out []claimedRow, err error) {
 	defer func() { err = errors.Join(err, rows.Close()) }()
+	var (
+		payload, headers []byte
+		created          any
+		attempts         int
+		dest             = make([]any, 0, 10)
+	)
 	for rows.Next() {
-		var (
-			r        claimedRow
-			payload  []byte
-			headers  []byte
-			created  any
-			attempts int
-		)
+		if out == nil {
+			// Sized on the first row, so that an empty poll allocates nothing; capped, so that a
+			// huge batch size grows the slice as rows come.
+			out = make([]claimedRow, 0, min(batchSize, 1000))
+		}
+		out = append(out, claimedRow{})
+		r := &out[len(out)-1]
 		m := &r.msg
-		dest := []any{&r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts}
+		payload, headers, created = nil, nil, nil
+		dest = append(dest[:0], &r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts)
 		if withCtid {
 			dest = append(dest, &r.ctid)
 		}
@@ -334,7 +344,6 @@ func scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool) (out []claime
 		}
 		m.Key = messageKey(m.AggregateType, m.AggregateID)
 		m.Attempt = attempts + attemptOffset
-		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
