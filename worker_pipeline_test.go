@@ -23,6 +23,21 @@ func leasedCount(t testing.TB, db *gorm.DB) int64 {
 	return n
 }
 
+// runUntilDrained runs w until no event is left unprocessed, then stops it.
+func runUntilDrained(t *testing.T, db *gorm.DB, w *outboxplugin.Worker) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		var pending int64
+		db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
+		return pending == 0
+	}, 20*time.Second, 10*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+}
+
 // A worker claims its next batch while the publisher works on a full one, then publishes that batch:
 // every event once, in creation order.
 func TestWorkerClaimsNextBatchWhilePublishing(t *testing.T) {
@@ -157,17 +172,8 @@ func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
 				break
 			}
 		}
-		ctx, cancel := context.WithCancel(context.Background())
 		require.NoError(t, db.Create(make([]User, 20)).Error)
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		require.Eventually(t, func() bool {
-			var pending int64
-			db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
-			return pending == 0
-		}, 20*time.Second, 10*time.Millisecond)
-		cancel()
-		require.NoError(t, <-done)
+		runUntilDrained(t, db, w)
 		assert.Equal(t, int64(10), maxLeased)
 	})
 }
@@ -214,16 +220,7 @@ func TestWorkerClaimsAheadOnlyWhilePublishingTakesTime(t *testing.T) {
 			return nil
 		})
 		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond))
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		require.Eventually(t, func() bool {
-			var pending int64
-			db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
-			return pending == 0
-		}, 20*time.Second, 10*time.Millisecond)
-		cancel()
-		require.NoError(t, <-done)
+		runUntilDrained(t, db, w)
 
 		mu.Lock()
 		defer mu.Unlock()
@@ -262,16 +259,7 @@ func TestPostgresAsyncCommitStaysInTheRelaysTransactions(t *testing.T) {
 	require.NoError(t, db.Create(make([]User, 150)).Error)
 	w := newWorker(t, db, outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { return nil }),
 		outboxplugin.WithoutListen())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }() // a full batch, a carried mark with the next claim, a short one
-	require.Eventually(t, func() bool {
-		var pending int64
-		db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending)
-		return pending == 0
-	}, 20*time.Second, 10*time.Millisecond)
-	cancel()
-	require.NoError(t, <-done)
+	runUntilDrained(t, db, w) // a full batch, a carried mark with the next claim, a short one
 
 	var setting string
 	require.NoError(t, db.Raw("SHOW synchronous_commit").Scan(&setting).Error)
