@@ -247,13 +247,13 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 		if err != nil {
 			return nil, err
 		}
-		return scanClaimed(rows, 0, true, q.batchSize)
+		return q.scanClaimed(rows, 0, true)
 	case q.dialect == "postgres":
 		rows, err := q.db.QueryContext(ctx, q.claimUpdate, claimArgs...)
 		if err != nil {
 			return nil, err
 		}
-		return scanClaimed(rows, 0, true, q.batchSize)
+		return q.scanClaimed(rows, 0, true)
 	}
 
 	var claimed []claimedRow
@@ -268,7 +268,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 			if err != nil {
 				return err
 			}
-			claimed, err = scanClaimed(rows, 0, false, q.batchSize)
+			claimed, err = q.scanClaimed(rows, 0, false)
 			return err
 		}
 		rows, err := tx.QueryContext(ctx, q.claimSelect, q.pickArgs(now)...)
@@ -276,7 +276,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 			return err
 		}
 		// Read before the stamp, which adds the attempt.
-		if claimed, err = scanClaimed(rows, 1, false, q.batchSize); err != nil || len(claimed) == 0 {
+		if claimed, err = q.scanClaimed(rows, 1, false); err != nil || len(claimed) == 0 {
 			return err
 		}
 		in, ids := q.idList(rowIDs(claimed))
@@ -305,19 +305,20 @@ type execer interface {
 
 // scanClaimed reads a claim's rows into a slice sized for a batch, scanning each straight into its
 // element: per row, only what the driver must copy is allocated.
-func scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool, batchSize int) (out []claimedRow, err error) {
+func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool) (out []claimedRow, err error) {
 	defer func() { err = errors.Join(err, rows.Close()) }()
 	var (
 		payload, headers []byte
 		created          any
 		attempts         int
-		dest             = make([]any, 0, 10)
+		dest             []any
 	)
 	for rows.Next() {
 		if out == nil {
 			// Sized on the first row, so that an empty poll allocates nothing; capped, so that a
 			// huge batch size grows the slice as rows come.
-			out = make([]claimedRow, 0, min(batchSize, 1000))
+			out = make([]claimedRow, 0, min(q.batchSize, 1000))
+			dest = make([]any, 0, 10)
 		}
 		out = append(out, claimedRow{})
 		r := &out[len(out)-1]
