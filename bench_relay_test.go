@@ -148,7 +148,7 @@ func drainRawLoop(tb testing.TB, db *gorm.DB, d dialect) {
 //	go test -run '^$' -bench BenchmarkRelayThroughput -benchtime 3x -timeout 30m
 func BenchmarkRelayThroughput(b *testing.B) {
 	const events = 100000
-	for _, d := range dialects {
+	for _, d := range relayDialects() {
 		b.Run(d.name, func(b *testing.B) {
 			db := openDB(b, d, &gorm.Config{Logger: logger.Discard})
 			type variant struct {
@@ -229,7 +229,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 //	go test -run '^$' -bench BenchmarkClaimWithProcessedRows -benchtime 200x -timeout 30m
 func BenchmarkClaimWithProcessedRows(b *testing.B) {
 	const processed, recentlyProcessed = 1000000, 200000
-	for _, d := range dialects {
+	for _, d := range relayDialects() {
 		b.Run(d.name, func(b *testing.B) {
 			db := openDB(b, d, &gorm.Config{Logger: logger.Discard})
 			const full, empty, unvacuumed = "outbox_claim_full", "outbox_claim_empty", "outbox_claim_unvacuumed"

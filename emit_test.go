@@ -12,7 +12,7 @@ import (
 )
 
 func TestEmit(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		var u User
 		err := db.Transaction(func(tx *gorm.DB) error {
@@ -54,7 +54,7 @@ func TestEmit(t *testing.T) {
 }
 
 func TestEmitRollsBackWithTransaction(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		boom := errors.New("boom")
 		err := db.Transaction(func(tx *gorm.DB) error {
@@ -75,7 +75,7 @@ func TestEmitRollsBackWithTransaction(t *testing.T) {
 }
 
 func TestEmitRefusesBadInput(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 
 		require.ErrorIs(t, outboxplugin.Emit(db, "NoTx", nil), outboxplugin.ErrNotInTransaction)

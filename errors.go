@@ -28,9 +28,19 @@ var (
 	// outside the business transaction could outlive a rollback or be lost by a crash.
 	ErrNotInTransaction = errors.New("not inside a transaction")
 
-	// ErrConcurrentChange is returned when a write without primary keys (an update or delete by
-	// condition) changed more rows than the plugin locked and listed just before it. That happens
-	// only when another transaction commits a matching row between the two statements, under an
-	// isolation level that allows it (READ COMMITTED). The write is rolled back; retrying it is safe.
-	ErrConcurrentChange = errors.New("rows matching the condition changed concurrently")
+	// ErrConcurrentChange is returned on MySQL and MariaDB when the count of rows a write affected
+	// disagrees with the rows the plugin locked and read around it. With REPEATABLE READ (the default)
+	// the locks rule it out; under READ COMMITTED another transaction can insert a key a multi-row upsert
+	// then conflicts with. The GORM call fails; roll the transaction back and retry it.
+	ErrConcurrentChange = errors.New("rows changed concurrently")
+
+	// ErrUnsupportedWrite is returned when the plugin cannot tell exactly which rows a write changes on
+	// the database it runs on (docs/capture.md lists the forms): the GORM call fails rather than commit
+	// a change with a guessed event. Where the form is known in advance, nothing is written.
+	ErrUnsupportedWrite = errors.New("write cannot be captured exactly")
+
+	// ErrUnknownTable is returned, under WithStrictTables, for a write through db.Table(name) without a
+	// model to a table no model the application uses maps to: a write that would otherwise commit
+	// without events.
+	ErrUnknownTable = errors.New("no model maps to the table")
 )

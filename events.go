@@ -1,11 +1,11 @@
 package outboxplugin
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"reflect"
-	"slices"
 	"time"
 
 	"gorm.io/gorm"
@@ -52,14 +52,13 @@ func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows []capturedRow
 		err = p.insertEvents(db, db.Statement.ConnPool, events)
 	}
 	if err != nil {
-		db.AddError(fmt.Errorf("outboxplugin: %s %s: %w", st.op, db.Statement.Schema.Name, err))
+		db.AddError(fmt.Errorf("outboxplugin: %s %s: %w", st.op, st.schema.Name, err))
 	}
 }
 
 func (p *Plugin) buildEvents(db *gorm.DB, st *statementState, rows []capturedRow) ([]pendingEvent, error) {
-	stmt := db.Statement
-	s := stmt.Schema
-	ctx := stmt.Context
+	s := st.schema
+	ctx := db.Statement.Context
 
 	var headerMap map[string]string
 	if p.cfg.headers != nil {
@@ -72,15 +71,12 @@ func (p *Plugin) buildEvents(db *gorm.DB, st *statementState, rows []capturedRow
 
 	customize := p.customizes(s.ModelType)
 	createdAt := now()
-	keyNames := make([]string, len(st.fields))
-	for i, f := range st.fields {
-		keyNames[i] = f.DBName
-	}
+	keyNames := fieldNames(st.fields)
 
 	events := make([]pendingEvent, 0, len(rows))
 	for i := range rows {
 		row := &rows[i]
-		payload, err := p.defaultPayload(db, st, keyNames, row)
+		payload, err := p.defaultPayload(ctx, st, keyNames, row)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrEncodePayload, err)
 		}
@@ -120,15 +116,24 @@ func (p *Plugin) buildEvents(db *gorm.DB, st *statementState, rows []capturedRow
 	return events, nil
 }
 
+// modelValue is the model value the public view of a row points to: the one GORM holds, else the row
+// as read back; invalid when there is neither.
+func (r *capturedRow) modelValue() reflect.Value {
+	if r.held.IsValid() {
+		return r.held
+	}
+	return r.stored
+}
+
 // customize hands the event to the model's CustomizeOutboxEvent and applies what it changed.
 func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev *pendingEvent, headers map[string]string) (skip bool, err error) {
 	var target reflect.Value
-	if row.elem.IsValid() && row.elem.CanAddr() {
-		target = row.elem.Addr()
+	if v := row.modelValue(); v.IsValid() && v.CanAddr() {
+		target = v.Addr()
 	} else {
 		target = reflect.New(s.ModelType)
-		if row.elem.IsValid() {
-			target.Elem().Set(row.elem)
+		if v.IsValid() {
+			target.Elem().Set(v)
 		}
 	}
 	e := Event{
@@ -163,28 +168,34 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 	stmt := db.Statement
 	cs := Changeset{
 		Type:    row.op,
-		Model:   stmt.Schema.Name,
+		Model:   st.schema.Name,
 		Table:   stmt.Table,
-		Schema:  stmt.Schema,
+		Schema:  st.schema,
 		Keys:    make(map[string]any, len(keyNames)),
 		Context: stmt.Context,
 	}
 	for i, name := range keyNames {
 		cs.Keys[name] = row.keys[i]
 	}
-	if row.elem.IsValid() {
-		if row.elem.CanAddr() {
-			cs.Row = row.elem.Addr().Interface()
+	if v := row.modelValue(); v.IsValid() {
+		if v.CanAddr() {
+			cs.Row = v.Addr().Interface()
 		} else {
-			cs.Row = row.elem.Interface()
+			cs.Row = v.Interface()
 		}
 	}
 	switch {
-	case row.op == ChangesetDelete:
-	case row.changes != nil:
-		cs.Changes = row.changes
-	case row.elem.IsValid():
-		names, values := rowColumns(stmt, row.elem)
+	case row.op == ChangesetDelete && row.assigned == nil:
+	case row.stored.IsValid():
+		names, values := assignedValues(stmt.Context, st.schema, row.stored, row.assigned)
+		cs.Changes = make(map[string]any, len(names))
+		for i, n := range names {
+			cs.Changes[n] = values[i]
+		}
+	case row.values != nil:
+		cs.Changes = row.values
+	case row.held.IsValid() && row.op == ChangesetCreate:
+		names, values := rowColumns(stmt.Context, st.schema, row.held)
 		cs.Changes = make(map[string]any, len(names))
 		for i, n := range names {
 			cs.Changes[n] = values[i]
@@ -193,47 +204,51 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 	return cs
 }
 
-// defaultPayload encodes the payload of the configured mode.
-func (p *Plugin) defaultPayload(db *gorm.DB, st *statementState, keyNames []string, row *capturedRow) (string, error) {
+// defaultPayload encodes the payload of the configured mode. PayloadRow and PayloadChanges take the
+// values from the row as stored, which the write read back; a row without one (possible only for a
+// model GORM cannot read) falls back to its key.
+func (p *Plugin) defaultPayload(ctx context.Context, st *statementState, keyNames []string, row *capturedRow) (string, error) {
 	mode := p.cfg.payload
-	if mode == PayloadKey || (row.op == ChangesetDelete && (mode == PayloadChanges || !row.elem.IsValid())) {
+	if mode == PayloadKey || !row.stored.IsValid() || (mode == PayloadChanges && row.op == ChangesetDelete && row.assigned == nil) {
 		b, err := appendJSONObject(make([]byte, 0, 32), keyNames, row.keys)
 		return string(b), err
 	}
-	if row.elem.IsValid() && (mode == PayloadRow || row.op == ChangesetCreate) {
-		names, values := rowColumns(db.Statement, row.elem)
-		b, err := appendJSONObject(make([]byte, 0, 256), names, values)
-		return string(b), err
-	}
-	// No row in memory (a map create, an update by condition): the key and the columns written.
-	names := append([]string(nil), keyNames...)
-	values := append([]any(nil), row.keys...)
-	for _, name := range slices.Sorted(maps.Keys(row.changes)) {
-		col := name
-		if f := db.Statement.Schema.LookUpField(name); f != nil && f.DBName != "" {
-			col = f.DBName
+	var names []string
+	var values []any
+	if mode == PayloadRow {
+		names, values = rowColumns(ctx, st.schema, row.stored)
+	} else {
+		// The key first, then the assigned columns.
+		assignedNames, assignedVals := assignedValues(ctx, st.schema, row.stored, row.assigned)
+		names = append(make([]string, 0, len(keyNames)+len(assignedNames)), keyNames...)
+		values = make([]any, len(keyNames), len(names)+len(assignedNames))
+		for i, name := range keyNames {
+			if f := st.schema.LookUpField(name); f != nil {
+				values[i], _ = f.ValueOf(ctx, row.stored)
+			}
 		}
-		if slices.Contains(names, col) {
-			continue
+		for i, n := range assignedNames {
+			if !contains(keyNames, n) {
+				names = append(names, n)
+				values = append(values, assignedVals[i])
+			}
 		}
-		names = append(names, col)
-		values = append(values, row.changes[name])
 	}
-	b, err := appendJSONObject(make([]byte, 0, 128), names, values)
+	b, err := appendJSONObject(make([]byte, 0, 256), names, values)
 	return string(b), err
 }
 
-// rowColumns reads every column of a model value, in the model's field order.
-func rowColumns(stmt *gorm.Statement, elem reflect.Value) ([]string, []any) {
-	s := stmt.Schema
-	names := make([]string, 0, len(s.DBNames))
-	values := make([]any, 0, len(s.DBNames))
+// assignedValues reads the assigned columns that are model fields from a stored row, in the model's
+// field order.
+func assignedValues(ctx context.Context, s *schema.Schema, stored reflect.Value, assigned []string) ([]string, []any) {
+	names := make([]string, 0, len(assigned))
+	values := make([]any, 0, len(assigned))
 	for _, name := range s.DBNames {
 		f := s.FieldsByDBName[name]
-		if f == nil || !f.Readable {
+		if f == nil || !f.Readable || !contains(assigned, name) {
 			continue
 		}
-		v, _ := f.ValueOf(stmt.Context, elem)
+		v, _ := f.ValueOf(ctx, stored)
 		names = append(names, name)
 		values = append(values, v)
 	}

@@ -190,7 +190,7 @@ func (p *Plugin) insertHead(stmt *gorm.Statement, notify bool) *strings.Builder 
 	return b
 }
 
-// unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::jsonb, h::jsonb, $7 FROM unnest($1::text[],
+// unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::json, h::json, $7 FROM unnest($1::text[],
 // ..., $6::text[]) [, n].
 func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: -1, notify: notify}, func() string {
@@ -213,7 +213,7 @@ func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 			from.WriteString(", n")
 		}
 		b := p.insertHead(stmt, notify)
-		b.WriteString("SELECT m,t,a,i,p::jsonb,h::jsonb,")
+		b.WriteString("SELECT m,t,a,i,p::json,h::json,")
 		bind(b)
 		b.WriteString("::timestamptz")
 		b.WriteString(from.String())
@@ -222,8 +222,8 @@ func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 }
 
 // pgValueCasts type the values of a VALUES list used as a FROM item (with notify), where PostgreSQL
-// cannot infer them from the target columns.
-var pgValueCasts = [...]string{"::text", "::text", "::text", "::text", "::jsonb", "::jsonb", "::timestamptz"}
+// cannot infer them from the target columns. json is assigned to a json or a jsonb column alike.
+var pgValueCasts = [...]string{"::text", "::text", "::text", "::text", "::json", "::json", "::timestamptz"}
 
 // valuesSQL is INSERT INTO t (...) VALUES (...), ... for n rows, in the bind-variable syntax of db's
 // dialect; with notify, INSERT INTO t (...) SELECT v.* FROM (VALUES ...) v, n. The text is cached per

@@ -99,8 +99,8 @@ func (e *OutboxEvent) BeforeCreate(*gorm.DB) error {
 // compares them correctly whatever the time zone of the writer.
 func now() time.Time { return time.Now().UTC() }
 
-// JSON is a JSON document held as its encoded bytes. It is stored as jsonb on PostgreSQL, json on
-// MySQL and MariaDB, and text on SQLite. A nil JSON is SQL NULL.
+// JSON is a JSON document held as its encoded bytes. It is stored as json on PostgreSQL, MySQL and
+// MariaDB, and text on SQLite (see GormDBDataType). A nil JSON is SQL NULL.
 type JSON []byte
 
 // Value sends the document as text, which every supported driver accepts for its JSON column type.
@@ -149,16 +149,43 @@ func (j JSON) String() string { return string(bytes.TrimSpace(j)) }
 // GormDataType is the generic type GORM reports for the column.
 func (JSON) GormDataType() string { return "json" }
 
-// GormDBDataType picks the column type per database.
-func (JSON) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
+// GormDBDataType picks the column type per database: json on PostgreSQL, which keeps a document's text
+// as written (jsonb would reorder its keys and respace it, so that one event would read differently on
+// different databases); json on MySQL and MariaDB (on MariaDB an alias of LONGTEXT with a validity
+// check, which keeps the text too); text on SQLite. A PostgreSQL column that is jsonb already, as
+// earlier versions of the plugin created it, stays jsonb: migrating it would rewrite the table under an
+// exclusive lock (docs/capture.md has the statement to run at a quiet hour).
+func (JSON) GormDBDataType(db *gorm.DB, field *schema.Field) string {
 	switch db.Dialector.Name() {
 	case "postgres":
-		return "jsonb"
+		if pgColumnType(db, field) == "jsonb" {
+			return "jsonb"
+		}
+		return "json"
 	case "mysql":
 		return "json"
 	default:
 		return "text"
 	}
+}
+
+// pgColumnType returns the type of the field's column in the table being migrated, or "" when the
+// column does not exist yet.
+func pgColumnType(db *gorm.DB, field *schema.Field) string {
+	table := db.Statement.Table
+	if table == "" && field.Schema != nil {
+		table = field.Schema.Table
+	}
+	if table == "" {
+		return ""
+	}
+	var typ string
+	err := db.Session(&gorm.Session{NewDB: true}).Raw(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = to_regclass(?) AND attname = ? AND attnum > 0 AND NOT attisdropped`, pgQuotedName(table), field.DBName).Scan(&typ).Error
+	if err != nil {
+		return ""
+	}
+	return typ
 }
 
 // AutoMigrate creates or updates the outbox table that db's plugin writes to (DefaultTableName when

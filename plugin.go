@@ -33,6 +33,9 @@ type Plugin struct {
 
 	customizers sync.Map // reflect.Type of a model -> bool: whether it implements EventCustomizer
 
+	tables     modelTables // the models of tables written through db.Table(...) without one
+	tableInfos tableInfos  // unique keys and rowid of tables, for upserts (lookup.go)
+
 	insertStrategy insertStrategy // zero: per dialect; set by tests and benchmarks to compare
 }
 
@@ -81,16 +84,17 @@ const (
 	// current state themselves.
 	PayloadKey PayloadMode = iota + 1
 
-	// PayloadRow is the row as written, every column keyed by column name. Creates have the full
-	// row, including keys and defaults the database returned. Updates and deletes of a model value
-	// that GORM holds (Save(&u), Model(&u).Updates(...), Delete(&u)) have that value after the
-	// write; updates and deletes by condition have no row in memory, so they carry the key plus, for
-	// updates, the columns the statement set.
+	// PayloadRow is the row as the database stored it after the write, every column of the model
+	// keyed by column name: read back in the same statement (RETURNING on PostgreSQL and SQLite) or
+	// by key in the same transaction (MySQL, MariaDB). Columns the statement did not write (Omit,
+	// Select) carry what the row holds, not the values of the Go struct; expressions (gorm.Expr) carry
+	// their result; timestamps carry the precision the database keeps. A delete carries the row as it
+	// was when deleted.
 	PayloadRow
 
-	// PayloadChanges is the key plus the columns the statement wrote: every inserted column for a
-	// create, the SET columns for an update (columns set to an SQL expression are left out: their
-	// value is not known without reading the row again), the key alone for a delete.
+	// PayloadChanges is the key plus the columns the statement assigned, with the values the database
+	// stored: the inserted columns for a create, the SET columns for an update (an upsert that
+	// updated a row: its DO UPDATE columns), the key alone for a hard delete.
 	PayloadChanges
 )
 
@@ -117,6 +121,8 @@ type config struct {
 	only      map[reflect.Type]bool // nil: every model
 	skip      map[reflect.Type]bool
 	notify    bool
+
+	strictTables bool
 }
 
 func defaultConfig() config {
@@ -183,6 +189,18 @@ func WithContextHeaders(fn func(context.Context) map[string]string) Option {
 func WithoutNotify() Option {
 	return func(c *config) error {
 		c.notify = false
+		return nil
+	}
+}
+
+// WithStrictTables makes a write through db.Table(name) without a model fail, with ErrUnknownTable,
+// when no model the application uses maps to that table: such a write has no keys to capture, and
+// would otherwise commit without events. A Table(...) write to a table a model maps to (migrated,
+// queried or written through GORM before, or named in WithModels) is captured as that model's write
+// either way.
+func WithStrictTables() Option {
+	return func(c *config) error {
+		c.strictTables = true
 		return nil
 	}
 }

@@ -229,7 +229,9 @@ func TestAssociations(t *testing.T) {
 		assert.EqualValues(t, 2, joins)
 
 		// Saving the owner again with one more pet: GORM upserts every loaded pet (it sets their
-		// foreign key again), so the existing pets give updates and the new one a create.
+		// foreign key again), so the existing pets are written again and the new one is created.
+		// PostgreSQL and SQLite write a row that an upsert sets to the values it has; MySQL leaves
+		// it as it was, and there it gets no event.
 		before := len(loadEvents(t, db))
 		u.Pets = append(u.Pets, Pet{Name: "new"})
 		require.NoError(t, db.Save(&u).Error)
@@ -237,12 +239,14 @@ func TestAssociations(t *testing.T) {
 		for _, e := range loadEvents(t, db)[before:] {
 			got = append(got, e.EventType+" "+string(e.Payload))
 		}
-		assert.ElementsMatch(t, []string{
+		exp := []string{
 			fmt.Sprintf(`User_update {"id":%d}`, u.ID),
-			fmt.Sprintf(`Pet_update {"id":%d}`, u.Pets[0].ID),
-			fmt.Sprintf(`Pet_update {"id":%d}`, u.Pets[1].ID),
 			fmt.Sprintf(`Pet_create {"id":%d}`, u.Pets[2].ID),
-		}, normalizeJSON(t, got))
+		}
+		if d.server() != "mysql" {
+			exp = append(exp, fmt.Sprintf(`Pet_update {"id":%d}`, u.Pets[0].ID), fmt.Sprintf(`Pet_update {"id":%d}`, u.Pets[1].ID))
+		}
+		assert.ElementsMatch(t, exp, normalizeJSON(t, got))
 	})
 }
 

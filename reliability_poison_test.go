@@ -127,7 +127,7 @@ func requireDeadAfter(t *testing.T, db *gorm.DB, messageID string, attempts int)
 // numbered), reported once to the Observer and logged once at error level; RequeueDead by its id
 // brings it back with its attempts reset, and it is published.
 func TestPoisonEventAmongManyDefaultMode(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		users := make([]User, 120)
 		for i := range users {
@@ -201,7 +201,7 @@ func TestPoisonEventAmongManyDefaultMode(t *testing.T) {
 // no second worker needed — and keeps its key blocked while dead; requeued by id and cured, the
 // whole key is published in commit order.
 func TestPoisonKeyDiesAndRequeuesInOrder(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		const keys, perKey = 6, 5
 		want := map[string][]string{} // key -> message ids in commit order

@@ -103,7 +103,7 @@ func runWorkers(t *testing.T, n int, newW func() *outboxplugin.Worker) (stop fun
 // first event keeps failing: every key is published in order and never by two relays at once; the
 // poison key holds back only its own later events, also once its head is dead, until it is requeued.
 func TestKeyOrderingWithPoisonKey(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		const keys, perKey = 20, 10
 		want := map[string][]string{} // key -> message ids in commit order

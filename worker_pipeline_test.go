@@ -41,7 +41,7 @@ func runUntilDrained(t *testing.T, db *gorm.DB, w *outboxplugin.Worker) {
 // A worker claims its next batch while the publisher works on a full one, then publishes that batch:
 // every event once, in creation order.
 func TestWorkerClaimsNextBatchWhilePublishing(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		users := make([]User, 25)
 		require.NoError(t, db.Create(&users).Error)
@@ -102,7 +102,7 @@ func TestWorkerClaimsNextBatchWhilePublishing(t *testing.T) {
 // When Run stops while a batch is being published and the next one has been claimed ahead, both are
 // handed back: not processed, not leased, no attempt counted.
 func TestWorkerShutdownHandsBackBatchClaimedAhead(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		users := make([]User, 20)
 		require.NoError(t, db.Create(&users).Error)
@@ -149,7 +149,7 @@ func TestWorkerShutdownHandsBackBatchClaimedAhead(t *testing.T) {
 // A lease shorter than two publish timeouts could run out while a batch claimed ahead waits for the
 // one before it: such a worker claims one batch at a time.
 func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		users := make([]User, 20)
 		require.NoError(t, db.Create(&users).Error)
@@ -182,7 +182,7 @@ func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
 // that returns at once it claims one batch at a time (a batch claimed ahead would only be more leased
 // rows for other workers' claims to step over), and it claims ahead again once publishing slows down.
 func TestWorkerClaimsAheadOnlyWhilePublishingTakesTime(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(make([]User, 70)).Error)
 
@@ -273,7 +273,7 @@ func TestPostgresAsyncCommitStaysInTheRelaysTransactions(t *testing.T) {
 // While the broker is down, Run backs off: neither new events nor wake-ups (a notification per commit
 // on PostgreSQL) make it try more often than its growing pause.
 func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		var calls atomic.Int64
 		down := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
@@ -304,7 +304,7 @@ func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
 // A row written by hand with raw SQL whose headers the relay cannot read is marked dead, with the
 // reason; it does not fail the claim, and the events around it are published.
 func TestWorkerBuriesUnreadableRow(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&User{Name: "before"}).Error)
 		require.NoError(t, db.Exec(`INSERT INTO outbox_events (message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, processed, attempts)
@@ -338,7 +338,7 @@ func TestWorkerBuriesUnreadableRow(t *testing.T) {
 // that failed before go to the publisher one by one, so only that event dies; its batch-mates are
 // published.
 func TestWorkerIsolatesAnEventThatFailsItsWholeBatch(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		for _, mode := range []string{"error", "panic"} {
 			t.Run(mode, func(t *testing.T) {
 				db := setup(t, d, nil)

@@ -73,7 +73,7 @@ func newWorker(t testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...ou
 }
 
 func TestWorkerPublishesInOrderAndMarksProcessed(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		users := []User{{Name: "a"}, {Name: "b"}, {Name: "c"}}
 		require.NoError(t, db.Create(&users).Error)
@@ -119,7 +119,7 @@ func TestWorkerPublishesInOrderAndMarksProcessed(t *testing.T) {
 }
 
 func TestWorkerNeverPublishesRolledBackWrites(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		_ = db.Transaction(func(tx *gorm.DB) error {
 			require.NoError(t, tx.Create(&User{Name: "ghost"}).Error)
@@ -139,7 +139,7 @@ func TestWorkerNeverPublishesRolledBackWrites(t *testing.T) {
 }
 
 func TestWorkerDeleteOnPublish(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}}).Error)
 		n, err := newWorker(t, db, newRecorder(), outboxplugin.WithDeleteOnPublish()).ProcessOnce(context.Background())
@@ -152,7 +152,7 @@ func TestWorkerDeleteOnPublish(t *testing.T) {
 // A worker's batch fails as a whole: every event is retried after a backoff, and becomes dead after
 // the last attempt; requeueing brings it back.
 func TestWorkerRetriesWithBackoffThenDead(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&User{Name: "poison"}).Error)
 		msgID := loadEvents(t, db)[0].MessageID
@@ -242,7 +242,7 @@ type deadObserver struct {
 func (o *deadObserver) Dead(_ context.Context, m outboxplugin.Message, err error) { o.onDead(m, err) }
 
 func TestWorkerPartlyFailedBatch(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		users := []User{{Name: "ok1"}, {Name: "bad"}, {Name: "ok2"}}
 		require.NoError(t, db.Create(&users).Error)
@@ -294,7 +294,7 @@ type batchObserver struct {
 func (o *batchObserver) BatchDone(_ context.Context, r outboxplugin.BatchResult) { o.onBatch(r) }
 
 func TestWorkerPublisherPanicIsAFailure(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&User{Name: "a"}).Error)
 		w := newWorker(t, db, outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { panic("boom") }))
@@ -310,7 +310,7 @@ func TestWorkerPublisherPanicIsAFailure(t *testing.T) {
 // A row leased by a relay that died is left alone until its lease runs out, then taken over; a
 // relay whose lease was taken over does not mark the row.
 func TestWorkerLeases(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&User{Name: "a"}).Error)
 		plain := db.Session(&gorm.Session{NewDB: true})
@@ -341,7 +341,7 @@ func TestWorkerLeases(t *testing.T) {
 
 // Four relays drain 10 000 events at once: each event is published exactly once.
 func TestConcurrentWorkersPublishEachEventOnce(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		const total = 10000
 		users := make([]User, total)
@@ -379,7 +379,7 @@ func TestConcurrentWorkersPublishEachEventOnce(t *testing.T) {
 }
 
 func TestCleanup(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		old := time.Now().UTC().Add(-10 * 24 * time.Hour)
 		recent := time.Now().UTC().Add(-time.Hour)
@@ -420,7 +420,7 @@ func TestCleanupInBatches(t *testing.T) {
 // Run returns nil when its context ends, hands back the batch whose publishing it cut short, and
 // leaves no goroutine behind.
 func TestWorkerShutdown(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&User{Name: "a"}).Error)
 
@@ -512,7 +512,7 @@ func TestPostgresStorageOptions(t *testing.T) {
 }
 
 func TestPeriodicCleanupAndBacklog(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		old := time.Now().UTC().Add(-48 * time.Hour)
 		require.NoError(t, db.Create(&[]outboxplugin.OutboxEvent{
@@ -580,7 +580,7 @@ func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 // A broker that hangs costs one publish timeout: the batch then counts as failed, its rows are free
 // again (no lease, no lock held), and the failure is logged once for the batch, not once per event.
 func TestPublishTimeout(t *testing.T) {
-	forEachDB(t, func(t *testing.T, d dialect) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}, {Name: "c"}}).Error)
 		hanging := outboxplugin.PublisherFunc(func(ctx context.Context, _ []outboxplugin.Message) error {

@@ -1,0 +1,193 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"reflect"
+	"strconv"
+	"time"
+
+	"gorm.io/gorm/schema"
+)
+
+// The keys-and-values stage: which fields identify a row, how a key is read from a model value or a
+// map and compared, how an aggregate id is formatted, and how a row the database returned is read
+// into a model value with GORM's own field setters (serializers, scanners and pointer fields
+// included), so that payloads encode stored values the way the model holds them.
+
+// identityFields are the fields that identify a row: the primary key, or every column of a model
+// that has none.
+func identityFields(s *schema.Schema) []*schema.Field {
+	if len(s.PrimaryFields) > 0 {
+		return s.PrimaryFields
+	}
+	fields := make([]*schema.Field, 0, len(s.DBNames))
+	for _, name := range s.DBNames {
+		if f := s.FieldsByDBName[name]; f != nil && f.Readable {
+			fields = append(fields, f)
+		}
+	}
+	return fields
+}
+
+// keysOf reads the identity of a struct value; complete is false when a primary key field is zero.
+func keysOf(ctx context.Context, fields []*schema.Field, rv reflect.Value, hasPK bool) (keys []any, complete bool) {
+	keys = make([]any, len(fields))
+	complete = true
+	for i, f := range fields {
+		v, zero := f.ValueOf(ctx, rv)
+		keys[i] = v
+		if zero && hasPK {
+			complete = false
+		}
+	}
+	return keys, complete
+}
+
+// keysFromMap reads the identity of a map create, keyed by column or field name.
+func keysFromMap(fields []*schema.Field, m map[string]any, hasPK bool) (keys []any, complete bool) {
+	keys = make([]any, len(fields))
+	complete = true
+	for i, f := range fields {
+		v, ok := m[f.DBName]
+		if !ok {
+			v, ok = m[f.Name]
+		}
+		if !ok && len(fields) == 1 && hasPK {
+			// Where GORM reads a generated key into a map it has no model for (db.Table(...)), it
+			// stores it under "@id".
+			v, ok = m["@id"]
+		}
+		keys[i] = v
+		if hasPK && (!ok || isZeroValue(v)) {
+			complete = false
+		}
+	}
+	return keys, complete
+}
+
+func isZeroValue(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.IsZero()
+}
+
+// keyString is the identity of a row as one comparable string, used to match keys found in the
+// database with keys held in memory. Each part is preceded by its length, so that two different keys
+// never give the same string, whatever bytes their parts hold (a separator byte could occur in a
+// string key).
+func keyString(keys []any) string {
+	b := make([]byte, 0, 16*len(keys))
+	for _, k := range keys {
+		part := aggregateIDPart(k)
+		b = strconv.AppendInt(b, int64(len(part)), 10)
+		b = append(b, ':')
+		b = append(b, part...)
+	}
+	return string(b)
+}
+
+// aggregateID formats the default aggregate id: the key value for a one-column primary key, a JSON
+// array of the values for a composite key, empty for a model without a primary key.
+func aggregateID(keys []any, hasPK bool) (string, error) {
+	if !hasPK {
+		return "", nil
+	}
+	if len(keys) == 1 {
+		return aggregateIDPart(keys[0]), nil
+	}
+	b := []byte{'['}
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		var err error
+		if b, err = appendJSONValue(b, k); err != nil {
+			return "", err
+		}
+	}
+	return string(append(b, ']')), nil
+}
+
+func aggregateIDPart(v any) string {
+	v = plainValue(v)
+	switch x := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return x
+	case []byte:
+		return string(x)
+	case int64:
+		return strconv.FormatInt(x, 10)
+	case time.Time:
+		return x.UTC().Format(time.RFC3339Nano)
+	case fmt.Stringer:
+		return x.String()
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return strconv.FormatInt(rv.Int(), 10)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return strconv.FormatUint(rv.Uint(), 10)
+	case reflect.String:
+		return rv.String()
+	}
+	return fmt.Sprint(v)
+}
+
+// rowColumns reads every column of a model value, in the model's field order.
+func rowColumns(ctx context.Context, s *schema.Schema, elem reflect.Value) ([]string, []any) {
+	names := make([]string, 0, len(s.DBNames))
+	values := make([]any, 0, len(s.DBNames))
+	for _, name := range s.DBNames {
+		f := s.FieldsByDBName[name]
+		if f == nil || !f.Readable {
+			continue
+		}
+		v, _ := f.ValueOf(ctx, elem)
+		names = append(names, name)
+		values = append(values, v)
+	}
+	return names, values
+}
+
+// modelColumns are the columns of the model that a stored row is read with: every readable field
+// that has a column.
+func modelColumns(s *schema.Schema) []*schema.Field {
+	fields := make([]*schema.Field, 0, len(s.DBNames))
+	for _, name := range s.DBNames {
+		if f := s.FieldsByDBName[name]; f != nil && f.Readable {
+			fields = append(fields, f)
+		}
+	}
+	return fields
+}
+
+// scanModelRow reads the current row of rows into a new value of the model. The row's columns are,
+// in order: len(before) columns read into before, one column per field, then len(after) columns read
+// into after.
+func scanModelRow(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*schema.Field, before, after []any) (reflect.Value, error) {
+	dests := make([]any, 0, len(before)+len(fields)+len(after))
+	dests = append(dests, before...)
+	for _, f := range fields {
+		dests = append(dests, f.NewValuePool.Get())
+	}
+	dests = append(dests, after...)
+	err := rows.Scan(dests...)
+	elem := reflect.New(s.ModelType).Elem()
+	for i, f := range fields {
+		v := dests[len(before)+i]
+		if err == nil {
+			if err = f.Set(ctx, elem, v); err != nil {
+				err = fmt.Errorf("column %s: %w", f.DBName, err)
+			}
+		}
+		f.NewValuePool.Put(v)
+	}
+	return elem, err
+}

@@ -1,0 +1,354 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+	"gorm.io/gorm/schema"
+)
+
+// The reads the capture makes besides the write itself, all on the write's connection (its
+// transaction): rows by key, rows by the write's own condition under a lock, rows by the values of a
+// unique key, and what a table's unique keys are. Each read is traced through the GORM logger like
+// GORM's own statements.
+
+// maxKeysPerRead bounds the keys of one IN list, under every database's bind-parameter limit (65535
+// on PostgreSQL and MySQL, 32766 on SQLite) even for composite keys of several columns.
+const maxKeysPerRead = 1000
+
+// readStmt returns an empty SELECT statement on src's table (its TableExpr too: an alias or a join).
+func readStmt(db *gorm.DB, src *gorm.Statement, s *schema.Schema) *gorm.Statement {
+	return &gorm.Statement{
+		DB: db, Context: src.Context, Table: src.Table, TableExpr: src.TableExpr, Schema: s,
+		Clauses: map[string]clause.Clause{},
+	}
+}
+
+// columnsOf qualifies the fields' columns with the statement's table (its alias when it has one), so
+// that a join cannot make them ambiguous.
+func columnsOf(fields []*schema.Field) []clause.Column {
+	cols := make([]clause.Column, len(fields))
+	for i, f := range fields {
+		cols[i] = clause.Column{Table: clause.CurrentTable, Name: f.DBName}
+	}
+	return cols
+}
+
+func rawColumns(names []string) []clause.Column {
+	cols := make([]clause.Column, len(names))
+	for i, n := range names {
+		cols[i] = clause.Column{Table: clause.CurrentTable, Name: n}
+	}
+	return cols
+}
+
+// keyIn is the condition (k1, k2) IN ((...), (...)) on the identity columns.
+func keyIn(fields []*schema.Field, keys [][]any) clause.Expression {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.DBName
+	}
+	return tupleIn(names, keys)
+}
+
+func tupleIn(names []string, tuples [][]any) clause.Expression {
+	column, values := schema.ToQueryValues(clause.CurrentTable, names, tuples)
+	return clause.IN{Column: column, Values: values}
+}
+
+// readRow is one row read back: a model value holding the fields read, and the raw values of the
+// extra columns read after them.
+type readRow struct {
+	elem  reflect.Value
+	extra []any
+}
+
+// query runs sel on pool and reads each row into a model value (fields) and raw extras.
+func query(db *gorm.DB, pool gorm.ConnPool, sel *gorm.Statement, s *schema.Schema, fields []*schema.Field, extras int) ([]readRow, error) {
+	ctx := sel.Context
+	q := sel.SQL.String()
+	start := time.Now()
+	rows, err := pool.QueryContext(ctx, q, sel.Vars...)
+	var out []readRow
+	if err == nil {
+		out, err = readRows(ctx, rows, s, fields, extras)
+	}
+	db.Logger.Trace(ctx, start, func() (string, int64) {
+		return db.Dialector.Explain(q, sel.Vars...), int64(len(out))
+	}, err)
+	return out, err
+}
+
+func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*schema.Field, extras int) (out []readRow, err error) {
+	defer func() { err = errors.Join(err, rows.Close()) }()
+	for rows.Next() {
+		extra := make([]any, extras)
+		dests := make([]any, extras)
+		for i := range dests {
+			dests[i] = &extra[i]
+		}
+		elem, err := scanModelRow(ctx, rows, s, fields, nil, dests)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, readRow{elem: elem, extra: extra})
+	}
+	return out, rows.Err()
+}
+
+// readByKeys reads fields (then the raw columns extra) of the rows with the given keys; lock takes
+// them FOR UPDATE, which also makes MySQL read the latest committed version instead of the
+// transaction's snapshot.
+func readByKeys(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, ident []*schema.Field, keys [][]any, fields []*schema.Field, extra []string, lock bool) ([]readRow, error) {
+	var out []readRow
+	for start := 0; start < len(keys); start += maxKeysPerRead {
+		part := keys[start:min(start+maxKeysPerRead, len(keys))]
+		rows, err := readWhere(db, pool, src, s, fields, extra, keyIn(ident, part), lock)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+func readWhere(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, fields []*schema.Field, extra []string, cond clause.Expression, lock bool) ([]readRow, error) {
+	sel := readStmt(db, src, s)
+	sel.AddClause(clause.Select{Columns: append(columnsOf(fields), rawColumns(extra)...)})
+	sel.AddClause(clause.From{})
+	sel.AddClause(clause.Where{Exprs: []clause.Expression{cond}})
+	names := []string{"SELECT", "FROM", "WHERE"}
+	if lock {
+		sel.AddClause(clause.Locking{Strength: clause.LockingStrengthUpdate})
+		names = append(names, "FOR")
+	}
+	sel.Build(names...)
+	return query(db, pool, sel, s, fields, len(extra))
+}
+
+// readLocked reads the rows an UPDATE or DELETE is about to change, FOR UPDATE: the write's own
+// table expression, WHERE and, where the write has them, ORDER BY and LIMIT (MySQL applies them to
+// writes). built names the clauses the write was built from.
+func readLocked(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, fields []*schema.Field, extra []string, built []string) ([]readRow, error) {
+	sel := readStmt(db, src, s)
+	sel.AddClause(clause.Select{Columns: append(columnsOf(fields), rawColumns(extra)...)})
+	sel.AddClause(clause.From{})
+	names := []string{"SELECT", "FROM"}
+	for _, name := range []string{"WHERE", "ORDER BY", "LIMIT"} {
+		if c, ok := src.Clauses[name]; ok && contains(built, name) {
+			sel.Clauses[name] = c
+			names = append(names, name)
+		}
+	}
+	sel.AddClause(clause.Locking{Strength: clause.LockingStrengthUpdate})
+	sel.Build(append(names, "FOR")...)
+	return query(db, pool, sel, s, fields, len(extra))
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// tableInfo is what the capture needs to know of a table beyond the model: its unique keys (for
+// upserts on MySQL and INSERT OR REPLACE on SQLite, which resolve a conflict on any of them) and, on
+// SQLite, how rows are addressed.
+type tableInfo struct {
+	// uniqueKeys are the column sets of the primary key and of every unique index, the primary key
+	// first.
+	uniqueKeys [][]string
+	// expressionKey names a unique index on an expression, whose conflicts cannot be looked up by
+	// column values ("" when there is none).
+	expressionKey string
+	// SQLite: whether the table has a rowid, and whether its primary key is that rowid (a single
+	// INTEGER PRIMARY KEY column).
+	hasRowid, rowidKey bool
+}
+
+type tableInfoKey struct{ dialect, table string }
+
+// tableInfos caches tableInfo per table, for the life of the plugin. A unique index added while the
+// application runs is seen after a restart, or sooner: the capture forgets a table's entry when the
+// database's count of affected rows disagrees with what the entry predicted.
+type tableInfos struct{ m sync.Map }
+
+func (t *tableInfos) forget(dialect, table string) { t.m.Delete(tableInfoKey{dialect, table}) }
+
+func (t *tableInfos) get(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, table string) (*tableInfo, error) {
+	key := tableInfoKey{db.Dialector.Name(), table}
+	if v, ok := t.m.Load(key); ok {
+		return v.(*tableInfo), nil
+	}
+	var (
+		info *tableInfo
+		err  error
+	)
+	switch key.dialect {
+	case "sqlite":
+		info, err = sqliteTableInfo(db, pool, ctx, table)
+	default:
+		info, err = mysqlTableInfo(db, pool, ctx, table)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the unique keys of %s: %w", table, err)
+	}
+	t.m.Store(key, info)
+	return info, nil
+}
+
+// mysqlTableInfo reads the unique keys from information_schema, PRIMARY first, each index's columns
+// in index order. MySQL 8's functional indexes have no column name.
+func mysqlTableInfo(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, table string) (*tableInfo, error) {
+	schemaExpr, name := "DATABASE()", table
+	var args []any
+	if i := strings.IndexByte(table, '.'); i >= 0 {
+		schemaExpr, name = "?", table[i+1:]
+		args = append(args, table[:i])
+	}
+	q := `SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ` + schemaExpr +
+		` AND TABLE_NAME = ? AND NON_UNIQUE = 0 ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, SEQ_IN_INDEX`
+	args = append(args, name)
+	rows, err := tracedQuery(db, pool, ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	info := &tableInfo{}
+	var last string
+	for rows.Next() {
+		var index string
+		var column sql.NullString
+		if err := rows.Scan(&index, &column); err != nil {
+			return nil, err
+		}
+		if !column.Valid {
+			info.expressionKey = index
+			continue
+		}
+		if index != last || len(info.uniqueKeys) == 0 {
+			info.uniqueKeys = append(info.uniqueKeys, nil)
+			last = index
+		}
+		k := len(info.uniqueKeys) - 1
+		info.uniqueKeys[k] = append(info.uniqueKeys[k], column.String)
+	}
+	return info, rows.Err()
+}
+
+// sqliteTableInfo reads the unique indexes with PRAGMA index_list/index_info and the primary key with
+// PRAGMA table_info: a rowid primary key (INTEGER PRIMARY KEY) has no index of its own.
+func sqliteTableInfo(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, table string) (*tableInfo, error) {
+	quoted := (&gorm.Statement{DB: db}).Quote(table)
+	info := &tableInfo{hasRowid: true}
+	if rows, err := pool.QueryContext(ctx, `SELECT rowid FROM `+quoted+` LIMIT 0`); err != nil {
+		info.hasRowid = false // WITHOUT ROWID
+	} else {
+		rows.Close()
+	}
+
+	var pk []string
+	var pkType string
+	rows, err := tracedQuery(db, pool, ctx, `SELECT name, type, pk FROM pragma_table_info(?) WHERE pk > 0 ORDER BY pk`, table)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var name, typ string
+		var n int
+		if err := rows.Scan(&name, &typ, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		pk, pkType = append(pk, name), typ
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, err
+	}
+	info.rowidKey = info.hasRowid && len(pk) == 1 && strings.EqualFold(pkType, "INTEGER")
+	if len(pk) > 0 {
+		info.uniqueKeys = append(info.uniqueKeys, pk)
+	}
+
+	rows, err = tracedQuery(db, pool, ctx, `SELECT name, origin FROM pragma_index_list(?) WHERE "unique" = 1 ORDER BY seq`, table)
+	if err != nil {
+		return nil, err
+	}
+	var indexes, origins []string
+	for rows.Next() {
+		var name, origin string
+		if err := rows.Scan(&name, &origin); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		indexes, origins = append(indexes, name), append(origins, origin)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, err
+	}
+	for i, index := range indexes {
+		if origins[i] == "pk" {
+			continue // the primary key, already listed
+		}
+		cols, expr, err := sqliteIndexColumns(db, pool, ctx, index)
+		if err != nil {
+			return nil, err
+		}
+		if expr {
+			info.expressionKey = index
+			continue
+		}
+		info.uniqueKeys = append(info.uniqueKeys, cols)
+	}
+	return info, nil
+}
+
+func sqliteIndexColumns(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, index string) (cols []string, expr bool, err error) {
+	rows, err := tracedQuery(db, pool, ctx, `SELECT name FROM pragma_index_info(?) ORDER BY seqno`, index)
+	if err != nil {
+		return nil, false, err
+	}
+	defer func() { err = errors.Join(err, rows.Close()) }()
+	for rows.Next() {
+		var name sql.NullString
+		if err := rows.Scan(&name); err != nil {
+			return nil, false, err
+		}
+		if !name.Valid {
+			expr = true
+		}
+		cols = append(cols, name.String)
+	}
+	return cols, expr, rows.Err()
+}
+
+func tracedQuery(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	start := time.Now()
+	rows, err := pool.QueryContext(ctx, q, args...)
+	db.Logger.Trace(ctx, start, func() (string, int64) { return db.Dialector.Explain(q, args...), -1 }, err)
+	return rows, err
+}
+
+func tracedExec(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, q string, args ...any) (sql.Result, error) {
+	start := time.Now()
+	res, err := pool.ExecContext(ctx, q, args...)
+	db.Logger.Trace(ctx, start, func() (string, int64) {
+		n := int64(-1)
+		if err == nil {
+			n, _ = res.RowsAffected()
+		}
+		return db.Dialector.Explain(q, args...), n
+	}, err)
+	return res, err
+}
