@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 	"gorm.io/gorm/logger"
 )
 
@@ -199,4 +200,32 @@ func TestUpdateByConditionWritesTheRowsItLocked(t *testing.T) {
 			assert.Equal(t, want("User_update", a.ID), eventKeys(t, loadEvents(t, db)[before:]))
 		})
 	}
+}
+
+// A callback that puts another connection in place after the plugin's, as a read/write splitting
+// plugin registered later might, makes the write bypass the plugin: the write then fails rather than
+// commit without its event.
+func TestWriteThatBypassesThePluginFails(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		const key = "test:pool"
+		create := db.Callback().Create()
+		require.NoError(t, create.Before("outbox:before_create").Register("test:keep_pool", func(tx *gorm.DB) {
+			tx.InstanceSet(key, tx.Statement.ConnPool)
+		}))
+		require.NoError(t, create.After("outbox:before_create").Before("gorm:create").Register("test:swap_pool", func(tx *gorm.DB) {
+			if pool, ok := tx.InstanceGet(key); ok {
+				tx.Statement.ConnPool = pool.(gorm.ConnPool)
+			}
+		}))
+		// A plain create needs nothing in place; an upsert does.
+		require.NoError(t, db.Create(&Language{Code: "en"}).Error)
+		err := db.Clauses(clause.OnConflict{UpdateAll: true}).Create(&Language{Code: "en", Name: "English"}).Error
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "did not go through the plugin's connection")
+		var l Language
+		require.NoError(t, db.First(&l, "code = ?", "en").Error)
+		assert.Empty(t, l.Name, "rolled back")
+		assert.Len(t, loadEvents(t, db), 1)
+	})
 }

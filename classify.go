@@ -3,6 +3,7 @@ package outboxplugin
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 
@@ -32,6 +33,11 @@ type capturedRow struct {
 	values map[string]any
 }
 
+// errBypassed: GORM wrote rows without going through the connection the plugin put in place, which
+// happens when another plugin replaces db.Statement.ConnPool between outbox:before_* and the write.
+// The rows are unknown; the write fails rather than commit without its events.
+var errBypassed = errors.New("the write did not go through the plugin's connection (another callback replaced db.Statement.ConnPool after outbox:before_create/update/delete)")
+
 // createdRows lists the rows a create wrote.
 func (p *Plugin) createdRows(db *gorm.DB, st *statementState, w *write) ([]capturedRow, error) {
 	if w == nil {
@@ -46,7 +52,7 @@ func (p *Plugin) createdRows(db *gorm.DB, st *statementState, w *write) ([]captu
 		return rows, p.readBack(db, st, db.Statement.ConnPool, rows)
 	}
 	if !w.fired {
-		return nil, nil
+		return nil, errBypassed
 	}
 	switch w.strategy {
 	case returningWrite:
@@ -540,18 +546,15 @@ func sameValues(a, b []any) bool {
 
 // writtenRows lists the rows an update or delete wrote.
 func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) ([]capturedRow, error) {
+	if w != nil && !w.fired {
+		return nil, errBypassed
+	}
 	if w == nil || w.strategy == plainWrite {
-		if w != nil && !w.fired {
-			return nil, nil // GORM found nothing to write
-		}
 		row := capturedRow{op: st.op, keys: st.singleKeys, held: db.Statement.ReflectValue}
 		if w != nil {
 			row.values, row.assigned = setValues(w.set), assignedColumns(w.set)
 		}
 		return []capturedRow{row}, nil
-	}
-	if !w.fired {
-		return nil, nil
 	}
 	switch w.strategy {
 	case returningWrite:
