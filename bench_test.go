@@ -10,6 +10,7 @@ import (
 	"github.com/gorm-outbox/outboxplugin"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 	"gorm.io/gorm/logger"
 )
 
@@ -28,6 +29,37 @@ type writeVariant struct {
 	name  string
 	db    *gorm.DB
 	write func(tx *gorm.DB, users []BenchUser) error
+	// update changes the 100 seeded rows by a condition; nil: the variant has no update shape.
+	update func(tx *gorm.DB) error
+}
+
+// benchUpdateRows is how many rows the update-by-condition shape changes.
+const benchUpdateRows = 100
+
+func updateByCondition(tx *gorm.DB) error {
+	return tx.Model(&BenchUser{}).Where("email = ?", "bench-update").Update("age", gorm.Expr("age + 1")).Error
+}
+
+// updateWithHandWrittenOutbox is the same update in an application without the plugin: lock and list
+// the rows, update them, write their outbox rows.
+func updateWithHandWrittenOutbox(tx *gorm.DB) error {
+	var ids []uint
+	if err := tx.Model(&BenchUser{}).Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).
+		Where("email = ?", "bench-update").Pluck("id", &ids).Error; err != nil {
+		return err
+	}
+	if err := tx.Model(&BenchUser{}).Where("id IN ?", ids).Update("age", gorm.Expr("age + 1")).Error; err != nil {
+		return err
+	}
+	rows := make([]outboxplugin.OutboxEvent, len(ids))
+	for i, id := range ids {
+		s := strconv.FormatUint(uint64(id), 10)
+		rows[i] = outboxplugin.OutboxEvent{
+			EventType: "BenchUser_update", AggregateType: "BenchUser", AggregateID: s,
+			Payload: outboxplugin.JSON(`{"id":` + s + `}`),
+		}
+	}
+	return tx.Create(&rows).Error
 }
 
 func createOnly(tx *gorm.DB, users []BenchUser) error {
@@ -58,8 +90,8 @@ func createWithHandWrittenOutbox(tx *gorm.DB, users []BenchUser) error {
 }
 
 // BenchmarkWritePath measures the cost the plugin adds to a write, on each database: plain GORM, GORM
-// with the plugin, and GORM with outbox rows written by hand, for one Create in a transaction and for
-// a 100-row Create. The variants run interleaved, in rotating order, in the same loop, so that drift
+// with the plugin, and GORM with outbox rows written by hand, for one Create in a transaction, a
+// 100-row Create, and an update by condition of 100 rows (update100). The variants run interleaved, in rotating order, in the same loop, so that drift
 // on a shared machine hits them alike; the reported ratios (plugin/plain, handwritten/plain) are
 // the figures to read.
 //
@@ -75,40 +107,59 @@ func BenchmarkWritePath(b *testing.B) {
 				b.Fatal(err)
 			}
 			variants := []writeVariant{
-				{"plain", plain, createOnly},
-				{"plugin", withPlugin, createOnly},
-				{"handwritten", plain, createWithHandWrittenOutbox},
+				{"plain", plain, createOnly, updateByCondition},
+				{"plugin", withPlugin, createOnly, updateByCondition},
+				{"handwritten", plain, createWithHandWrittenOutbox, updateWithHandWrittenOutbox},
 			}
 			if d.name == "postgres" {
 				// The default on PostgreSQL is unnest; compare with the plain multi-row VALUES, and
 				// with an outbox whose reference index (processed, created_at) covers every row
 				// instead of the processed ones only.
 				_, withValues := openBenchPair(b, d, "values")
-				variants = append(variants, writeVariant{"plugin_values", withValues, createOnly})
-				variants = append(variants, writeVariant{"plugin_fullindex", openFullIndexOutbox(b, d), createOnly})
+				variants = append(variants, writeVariant{"plugin_values", withValues, createOnly, nil})
+				variants = append(variants, writeVariant{"plugin_fullindex", openFullIndexOutbox(b, d), createOnly, nil})
 				// The cost of the wake-up notification the plugin sends by default on PostgreSQL.
 				_, withoutNotify := openBenchPair(b, d, "", outboxplugin.WithoutNotify())
-				variants = append(variants, writeVariant{"plugin_nonotify", withoutNotify, createOnly})
+				variants = append(variants, writeVariant{"plugin_nonotify", withoutNotify, createOnly, nil})
 			}
 			for _, rows := range []int{1, 100} {
 				name := "single"
 				if rows > 1 {
 					name = fmt.Sprintf("batch%d", rows)
 				}
-				b.Run(name, func(b *testing.B) { runInterleaved(b, variants, rows) })
+				b.Run(name, func(b *testing.B) { runInterleaved(b, variants, rows, false) })
 			}
+			seed := make([]BenchUser, benchUpdateRows)
+			for i := range seed {
+				seed[i] = BenchUser{Name: "bench", Email: "bench-update", Age: i}
+			}
+			if err := plain.Create(&seed).Error; err != nil {
+				b.Fatal(err)
+			}
+			var updaters []writeVariant
+			for _, v := range variants {
+				if v.update != nil {
+					updaters = append(updaters, v)
+				}
+			}
+			b.Run(fmt.Sprintf("update%d", benchUpdateRows), func(b *testing.B) { runInterleaved(b, updaters, 0, true) })
 		})
 	}
 }
 
-func runInterleaved(b *testing.B, variants []writeVariant, rows int) {
+func runInterleaved(b *testing.B, variants []writeVariant, rows int, update bool) {
 	spent := make([]time.Duration, len(variants))
 	users := make([]BenchUser, rows)
 	op := func(v writeVariant) {
 		for i := range users {
 			users[i] = BenchUser{Name: "bench", Email: "bench@example.com", Age: i}
 		}
-		err := v.db.Transaction(func(tx *gorm.DB) error { return v.write(tx, users) })
+		err := v.db.Transaction(func(tx *gorm.DB) error {
+			if update {
+				return v.update(tx)
+			}
+			return v.write(tx, users)
+		})
 		if err != nil {
 			b.Fatalf("%s: %v", v.name, err)
 		}
