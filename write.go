@@ -869,7 +869,7 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	for start := 0; start < len(keys); start += maxKeysPerRead {
 		part := keys[start:min(start+maxKeysPerRead, len(keys))]
 		wr := readStmt(db, stmt, stmt.Schema)
-		wr.Clauses["WHERE"] = clause.Clause{Name: "WHERE", Expression: clause.Where{Exprs: append([]clause.Expression{keyIn(w.st.fields, part)}, where...)}}
+		wr.Clauses["WHERE"] = clause.Clause{Name: "WHERE", Expression: clause.Where{Exprs: append([]clause.Expression{keyInLiteral(w.st.fields, part)}, where...)}}
 		if w.st.op == ChangesetUpdate || w.soft {
 			wr.Clauses["UPDATE"] = clauseOr(stmt, "UPDATE", clause.Update{})
 			wr.Clauses["SET"] = stmt.Clauses["SET"]
