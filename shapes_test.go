@@ -509,3 +509,50 @@ func TestPostgresJSONBOutboxKeepsItsType(t *testing.T) {
 	require.NoError(t, plain.Raw(`SELECT payload::text FROM `+table+` ORDER BY id`).Scan(&payloads).Error)
 	assert.Equal(t, []string{`{"line_no": 1, "order_id": 1}`, `{"line_no": 2, "order_id": 1}`}, payloads, "jsonb's own text")
 }
+
+// A RETURNING of the application's own still hands it the rows it asked for, and the events are
+// those of the rows written.
+func TestApplicationReturningClauses(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		if d.name == "mysql_noreturning" {
+			t.Skip("GORM builds no RETURNING for this dialector")
+		}
+		db := setupAccounts(t, d)
+		require.NoError(t, db.Create(&[]Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 2}, {Email: "c@x", Ver: 3}}).Error)
+		var deleted []Account
+		got := assertEventsMatchTable(t, db, func() error {
+			return db.Clauses(clause.Returning{}).Where("ver >= ?", 2).Delete(&deleted).Error
+		})
+		assert.Len(t, got, 2)
+		require.Len(t, deleted, 2, "GORM read the deleted rows back")
+		assert.ElementsMatch(t, []string{"b@x", "c@x"}, []string{deleted[0].Email, deleted[1].Email})
+		if d.server() == "mysql" {
+			return // MariaDB has no UPDATE … RETURNING
+		}
+		var updated []Account
+		got = assertEventsMatchTable(t, db, func() error {
+			return db.Model(&updated).Clauses(clause.Returning{Columns: []clause.Column{{Name: "name"}, {Name: "ver"}}}).
+				Where("ver = ?", 1).Update("name", "renamed").Error
+		})
+		assert.Len(t, got, 1)
+		require.Len(t, updated, 1)
+		assert.Equal(t, "renamed", updated[0].Name)
+	})
+}
+
+// Upserts of maps: the keys come from the database all the same.
+func TestUpsertOfMaps(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setupAccounts(t, d)
+		require.NoError(t, db.Create(&Account{Email: "a@x", Name: "a"}).Error)
+		onEmail := clause.OnConflict{Columns: []clause.Column{{Name: "email"}}, DoUpdates: clause.AssignmentColumns([]string{"name"})}
+		got := assertEventsMatchTable(t, db, func() error {
+			return db.Model(&Account{}).Clauses(onEmail).Create(map[string]any{"email": "a@x", "name": "a2"}).Error
+		})
+		assert.Len(t, got, 1)
+		assertEventsMatchTable(t, db, func() error {
+			// A pointer: GORM cannot scan RETURNING into a []map passed by value, plugin or not.
+			return db.Model(&Account{}).Clauses(onEmail).Create(&[]map[string]any{{"email": "a@x", "name": "a3"}, {"email": "n@x", "name": "n"}}).Error
+		})
+	})
+}
