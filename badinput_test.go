@@ -229,3 +229,28 @@ func TestWriteThatBypassesThePluginFails(t *testing.T) {
 		assert.Len(t, loadEvents(t, db), 1)
 	})
 }
+
+// Under READ COMMITTED nothing stops another transaction from inserting, between the rows a multi-row
+// upsert locks and the upsert itself, a key the upsert then conflicts with. Where MySQL reports the
+// count of affected rows (no RETURNING: MySQL 8's path), the count gives it away and the write fails.
+func TestMultiRowUpsertRaceUnderReadCommitted(t *testing.T) {
+	d := dialects[3]
+	require.Equal(t, "mysql_noreturning", d.name)
+	pl := &phantomLogger{Interface: logger.Discard}
+	db := setup(t, d, &gorm.Config{Logger: pl})
+	resetTables(t, db, &Account{})
+	other := openDB(t, d, nil)
+	pl.inject = func() {
+		require.NoError(t, other.Exec("INSERT INTO accounts (email, name, ver) VALUES ('raced@x', 'other', 0)").Error)
+	}
+	onEmail := clause.OnConflict{Columns: []clause.Column{{Name: "email"}}, DoUpdates: clause.AssignmentColumns([]string{"name"})}
+	err := db.Transaction(func(tx *gorm.DB) error {
+		return tx.Clauses(onEmail).Create(&[]Account{{Email: "raced@x", Name: "mine"}, {Email: "fresh@x", Name: "fresh"}}).Error
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	require.True(t, pl.done)
+	require.ErrorIs(t, err, outboxplugin.ErrConcurrentChange)
+	var a Account
+	require.NoError(t, db.First(&a, "email = ?", "raced@x").Error)
+	assert.Equal(t, "other", a.Name, "rolled back")
+	assert.Empty(t, loadEvents(t, db))
+}
