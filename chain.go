@@ -213,7 +213,11 @@ func (p *Plugin) beforeCreate(db *gorm.DB) {
 	}
 }
 
-func (p *Plugin) afterCreate(db *gorm.DB) {
+func (p *Plugin) afterCreate(db *gorm.DB) { p.after(db, p.createdRows) }
+
+// after runs right after the write, before the after hooks: it gives the statement its connection
+// back, lists the rows written and inserts their events.
+func (p *Plugin) after(db *gorm.DB, rowsOf func(*gorm.DB, *statementState, *write) ([]capturedRow, error)) {
 	st := stateOf(db)
 	if st == nil {
 		return
@@ -222,9 +226,9 @@ func (p *Plugin) afterCreate(db *gorm.DB) {
 	if db.Error != nil || db.RowsAffected == 0 {
 		return
 	}
-	rows, err := p.createdRows(db, st, w)
+	rows, err := rowsOf(db, st, w)
 	if err != nil {
-		db.AddError(fmt.Errorf("outboxplugin: create %s: %w", st.schema.Name, err))
+		db.AddError(fmt.Errorf("outboxplugin: %s %s: %w", st.op, st.schema.Name, err))
 		return
 	}
 	p.writeEvents(db, st, rows)
@@ -247,23 +251,7 @@ func (p *Plugin) beforeWrite(db *gorm.DB) {
 	}
 }
 
-// afterWrite runs right after an update or delete, before the after hooks.
-func (p *Plugin) afterWrite(db *gorm.DB) {
-	st := stateOf(db)
-	if st == nil {
-		return
-	}
-	w := st.release(db)
-	if db.Error != nil || db.RowsAffected == 0 {
-		return
-	}
-	rows, err := p.writtenRows(db, st, w)
-	if err != nil {
-		db.AddError(fmt.Errorf("outboxplugin: %s %s: %w", st.op, st.schema.Name, err))
-		return
-	}
-	p.writeEvents(db, st, rows)
-}
+func (p *Plugin) afterWrite(db *gorm.DB) { p.after(db, p.writtenRows) }
 
 // structElems returns the struct values of a statement: itself for a struct, its elements for a
 // slice or array (invalid for nil pointers).

@@ -190,8 +190,8 @@ func (w *write) classifyReturned(ctx context.Context) error {
 	if w.ins != nil && w.ins.modifier == modifierReplace {
 		replaced = make(map[string]bool, len(w.pre))
 		for _, r := range w.pre {
-			k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-			replaced[keyString(k)] = true
+			_, ks := w.key(r)
+			replaced[ks] = true
 		}
 	}
 	seen := make(map[string]bool, len(w.returned))
@@ -201,8 +201,7 @@ func (w *write) classifyReturned(ctx context.Context) error {
 		if w.ins == nil {
 			continue
 		}
-		keys, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		ks := keyString(keys)
+		_, ks := w.key(r.readRow)
 		switch {
 		case seen[ks]:
 			r.op = ChangesetUpdate
@@ -247,8 +246,8 @@ func (w *write) classifyReturned(ctx context.Context) error {
 	var gone [][]any
 	var goneRows []readRow
 	for _, r := range w.pre {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		if !seen[keyString(k)] {
+		k, ks := w.key(r)
+		if !seen[ks] {
 			gone = append(gone, k)
 			goneRows = append(goneRows, r)
 		}
@@ -260,14 +259,9 @@ func (w *write) classifyReturned(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	exists := map[string]bool{}
-	for _, r := range still {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		exists[keyString(k)] = true
-	}
+	exists := w.byKey(still)
 	for _, r := range goneRows {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		if !exists[keyString(k)] {
+		if _, ks := w.key(r); !exists[ks].elem.IsValid() {
 			w.returned = append(w.returned, returnedRow{readRow: r, op: ChangesetDelete})
 		}
 	}
@@ -287,7 +281,6 @@ func (w *write) lastInserted() int {
 // returnedRows turns the rows the write returned into captured rows, paired with the model values
 // GORM holds (which GORM has filled from RETURNING by now).
 func (w *write) returnedRows() []capturedRow {
-	ctx := w.db.Statement.Context
 	held := heldByKey(w.db, w.st)
 	var maps []map[string]any
 	if w.ins != nil && !w.ins.conflict && w.ins.modifier == modifierNone {
@@ -306,8 +299,8 @@ func (w *write) returnedRows() []capturedRow {
 	values := setValues(w.set)
 	rows := make([]capturedRow, 0, len(w.returned))
 	for i, r := range w.returned {
-		keys, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		row := capturedRow{op: r.op, keys: keys, held: held[keyString(keys)], assigned: w.assigned(r.op)}
+		keys, ks := w.key(r.readRow)
+		row := capturedRow{op: r.op, keys: keys, held: held[ks], assigned: w.assigned(r.op)}
 		if w.stored {
 			row.stored = r.elem
 		}
@@ -368,17 +361,13 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	postBy := make(map[string]readRow, len(post))
-	for _, r := range post {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		postBy[keyString(k)] = r
-	}
+	postBy := w.byKey(post)
 	preBy := make(map[string]readRow, len(w.pre))
 	var moved [][]any
 	for _, r := range w.pre {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		preBy[keyString(k)] = r
-		if _, ok := postBy[keyString(k)]; !ok {
+		k, ks := w.key(r)
+		preBy[ks] = r
+		if _, ok := postBy[ks]; !ok {
 			moved = append(moved, k)
 		}
 	}
@@ -389,8 +378,8 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 			return nil, err
 		}
 		for _, r := range again {
-			k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-			postBy[keyString(k)] = r
+			_, ks := w.key(r)
+			postBy[ks] = r
 			post = append(post, r)
 		}
 	}
@@ -416,8 +405,7 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 	}
 	var created, updated, unchanged, deleted, autoCreated int
 	for _, r := range post {
-		keys, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		ks := keyString(keys)
+		keys, ks := w.key(r)
 		if seen[ks] {
 			continue
 		}
@@ -438,8 +426,8 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 		}
 	}
 	for _, r := range w.pre {
-		keys, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		if _, ok := postBy[keyString(keys)]; !ok {
+		keys, ks := w.key(r)
+		if _, ok := postBy[ks]; !ok {
 			deleted++
 			add(ChangesetDelete, keys, r)
 		}
@@ -523,6 +511,22 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 	return rows, nil
 }
 
+// key returns the key of a row read back, and its keyString.
+func (w *write) key(r readRow) ([]any, string) {
+	k, _ := keysOf(w.db.Statement.Context, w.st.fields, r.elem, false)
+	return k, keyString(k)
+}
+
+// byKey indexes rows read back by their key.
+func (w *write) byKey(rows []readRow) map[string]readRow {
+	m := make(map[string]readRow, len(rows))
+	for _, r := range rows {
+		_, ks := w.key(r)
+		m[ks] = r
+	}
+	return m
+}
+
 // sameValues compares raw column values read the same way twice.
 func sameValues(a, b []any) bool {
 	if len(a) != len(b) {
@@ -570,13 +574,12 @@ func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) ([]captu
 // columns again when the count says some were.
 func (w *write) lockedRows() ([]capturedRow, error) {
 	db, stmt := w.db, w.db.Statement
-	ctx := stmt.Context
 	if len(w.pre) == 0 {
 		return nil, nil
 	}
 	keys := make([][]any, len(w.pre))
 	for i, r := range w.pre {
-		keys[i], _ = keysOf(ctx, w.st.fields, r.elem, false)
+		keys[i], _ = w.key(r)
 	}
 	isUpdate := w.st.op == ChangesetUpdate || w.soft
 	written := w.pre
@@ -592,11 +595,7 @@ func (w *write) lockedRows() ([]capturedRow, error) {
 		if err != nil {
 			return nil, err
 		}
-		afterBy := make(map[string]readRow, len(after))
-		for _, r := range after {
-			k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-			afterBy[keyString(k)] = r
-		}
+		afterBy := w.byKey(after)
 		written = nil
 		for i, r := range w.pre {
 			if a, ok := afterBy[keyString(keys[i])]; ok && !sameValues(r.extra, a.extra) {
@@ -611,8 +610,8 @@ func (w *write) lockedRows() ([]capturedRow, error) {
 	values := setValues(w.set)
 	rows := make([]capturedRow, len(written))
 	for i, r := range written {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		rows[i] = capturedRow{op: w.st.op, keys: k, held: held[keyString(k)], assigned: w.assigned(w.st.op)}
+		k, ks := w.key(r)
+		rows[i] = capturedRow{op: w.st.op, keys: k, held: held[ks], assigned: w.assigned(w.st.op)}
 		if w.st.single && !rows[i].held.IsValid() {
 			rows[i].held = stmt.ReflectValue
 		}

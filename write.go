@@ -554,8 +554,8 @@ func (w *write) beforeReturning(ctx context.Context) error {
 	}
 	found, err := readByKeys(db, w.ConnPool, stmt, w.st.schema, w.st.fields, keys, w.st.fields, nil, false)
 	for _, r := range found {
-		k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-		w.existing[keyString(k)] = true
+		_, ks := w.key(r)
+		w.existing[ks] = true
 	}
 	return err
 }
@@ -580,8 +580,7 @@ func (w *write) readConflicting(ctx context.Context, lock bool) ([]readRow, erro
 				return nil, err
 			}
 			for _, r := range rows {
-				k, _ := keysOf(ctx, w.st.fields, r.elem, false)
-				if ks := keyString(k); !seen[ks] {
+				if _, ks := w.key(r); !seen[ks] {
 					seen[ks] = true
 					out = append(out, r)
 				}
@@ -734,7 +733,7 @@ func (w *write) classifyOne(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	out.keys, _ = keysOf(ctx, w.st.fields, r.elem, false)
+	out.keys, _ = w.key(r)
 	return nil
 }
 
@@ -748,7 +747,7 @@ func (w *write) findConflicting(ctx context.Context) (readRow, error) {
 	}
 	if pk, ok := w.ins.tuple(0, fieldNames(w.st.fields)); ok && w.st.hasPK {
 		for _, r := range rows {
-			if k, _ := keysOf(ctx, w.st.fields, r.elem, false); keyString(k) == keyString(pk) {
+			if _, ks := w.key(r); ks == keyString(pk) {
 				return r, nil
 			}
 		}
@@ -854,7 +853,7 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	}
 	keys := make([][]any, len(pre))
 	for i, r := range pre {
-		keys[i], _ = keysOf(ctx, w.st.fields, r.elem, false)
+		keys[i], _ = w.key(r)
 	}
 	var where []clause.Expression
 	if stmt.TableExpr != nil && joinedTable.MatchString(stmt.TableExpr.SQL) {
