@@ -527,8 +527,17 @@ func TestApplicationReturningClauses(t *testing.T) {
 		require.Len(t, deleted, 2, "GORM read the deleted rows back")
 		assert.ElementsMatch(t, []string{"b@x", "c@x"}, []string{deleted[0].Email, deleted[1].Email})
 		if d.server() == "mysql" {
-			return // MariaDB has no UPDATE … RETURNING
+			return // MariaDB has no UPDATE … RETURNING (which a soft delete is)
 		}
+		// A soft delete is an UPDATE; GORM builds it with the RETURNING asked for.
+		require.NoError(t, db.Create(&[]SoftUser{{Name: "s1"}, {Name: "s2"}}).Error)
+		before := len(loadEvents(t, db))
+		var gone []SoftUser
+		require.NoError(t, db.Clauses(clause.Returning{}).Where("name IN ?", []string{"s1", "s2"}).Delete(&gone).Error)
+		require.Len(t, gone, 2)
+		assert.True(t, gone[0].DeletedAt.Valid, "GORM read the soft-deleted rows back")
+		assert.Equal(t, want("SoftUser_delete", gone[0].ID, gone[1].ID), eventKeys(t, loadEvents(t, db)[before:]))
+
 		var updated []Account
 		got = assertEventsMatchTable(t, db, func() error {
 			return db.Model(&updated).Clauses(clause.Returning{Columns: []clause.Column{{Name: "name"}, {Name: "ver"}}}).

@@ -396,9 +396,9 @@ func (w *write) runReturning(ctx context.Context, query string, args []any, isQu
 	var b strings.Builder
 	b.WriteString(query)
 	// GORM asked for rows back: its RETURNING ends the statement, and the plugin's columns follow
-	// it. A soft delete is the exception: GORM builds its UPDATE without the RETURNING it then asks
-	// rows of, and gets none.
-	gormReturns := isQuery && !w.soft
+	// it. (GORM can ask for rows of a statement it built without RETURNING, and then gets none: a
+	// soft delete built before GORM 1.31 did that.)
+	gormReturns := isQuery && strings.HasSuffix(query, w.returningSuffix())
 	if gormReturns {
 		b.WriteString(", ")
 	} else {
@@ -674,13 +674,23 @@ func (w *write) runMySQLUpsert(ctx context.Context, query string, args []any, is
 	return nil, rows, err
 }
 
+// returningSuffix is the text GORM's RETURNING clause ends the statement with (" RETURNING ..."); with
+// no RETURNING clause, a text no statement ends with.
+func (w *write) returningSuffix() string {
+	stmt := w.db.Statement
+	c, ok := stmt.Clauses["RETURNING"]
+	if !ok {
+		return "\x00" // matches no statement's end
+	}
+	ret := &gorm.Statement{DB: w.db, Table: stmt.Table, TableExpr: stmt.TableExpr, Schema: stmt.Schema,
+		Clauses: map[string]clause.Clause{"RETURNING": c}}
+	ret.Build("RETURNING")
+	return " " + ret.SQL.String()
+}
+
 // withoutReturning cuts GORM's RETURNING clause off the end of the statement.
 func (w *write) withoutReturning(query string) (string, error) {
-	stmt := w.db.Statement
-	ret := &gorm.Statement{DB: w.db, Table: stmt.Table, TableExpr: stmt.TableExpr, Schema: stmt.Schema,
-		Clauses: map[string]clause.Clause{"RETURNING": stmt.Clauses["RETURNING"]}}
-	ret.Build("RETURNING")
-	suffix := " " + ret.SQL.String()
+	suffix := w.returningSuffix()
 	if !strings.HasSuffix(query, suffix) {
 		return "", fmt.Errorf("outboxplugin: cannot find %q at the end of the statement", suffix)
 	}
@@ -826,7 +836,7 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	}
 	built := stmt.BuildClauses
 	if w.soft {
-		built = []string{"UPDATE", "SET", "WHERE"} // how GORM's soft delete builds its UPDATE
+		built = db.Callback().Update().Clauses // GORM's soft delete builds an UPDATE as the update chain does
 	}
 	fields := w.st.fields
 	if w.stored && w.st.op == ChangesetDelete && !w.soft {
