@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -181,12 +182,12 @@ func readWhere(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.S
 }
 
 // readLocked reads the rows an UPDATE or DELETE is about to change, FOR UPDATE: the write's own
-// table expression, WHERE and, where the write has them, ORDER BY and LIMIT (MySQL applies them to
-// writes). built names the clauses the write was built from.
+// table expression and the tables it joins (UPDATE … FROM), WHERE and, where the write has them,
+// ORDER BY and LIMIT (MySQL applies them to writes). built names the clauses the write was built from.
 func readLocked(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, fields []*schema.Field, extra []string, built []string) ([]readRow, error) {
 	sel := readStmt(db, src, s)
 	sel.AddClause(clause.Select{Columns: append(columnsOf(fields), rawColumns(extra)...)})
-	sel.AddClause(clause.From{})
+	sel.AddClause(joinedFrom(src, built))
 	names := []string{"SELECT", "FROM"}
 	for _, name := range []string{"WHERE", "ORDER BY", "LIMIT"} {
 		if c, ok := src.Clauses[name]; ok && contains(built, name) {
@@ -198,6 +199,34 @@ func readLocked(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.
 	sel.Build(append(names, "FOR")...)
 	return query(db, pool, sel, s, fields, len(extra))
 }
+
+// joinedFrom is the FROM of a SELECT over the rows a write changes: the write's table, and the tables
+// an UPDATE … FROM (or a DELETE's FROM) joins to it.
+func joinedFrom(src *gorm.Statement, built []string) clause.From {
+	from := clause.From{}
+	if c, ok := src.Clauses["FROM"]; ok && contains(built, "FROM") {
+		if f, ok := c.Expression.(clause.From); ok && (len(f.Tables) > 0 || len(f.Joins) > 0) {
+			from.Tables = append([]clause.Table{{Name: clause.CurrentTable}}, f.Tables...)
+			from.Joins = f.Joins
+			if _, isDelete := src.Clauses["DELETE"]; isDelete {
+				from = f // a DELETE's FROM names its table already
+			}
+		}
+	}
+	return from
+}
+
+// joins reports whether the write reads other tables: a joined table expression, or UPDATE … FROM.
+func joins(src *gorm.Statement, built []string) bool {
+	if src.TableExpr != nil && joinedTable.MatchString(src.TableExpr.SQL) {
+		return true
+	}
+	f := joinedFrom(src, built)
+	return len(f.Tables) > 1 || len(f.Joins) > 0
+}
+
+// joinedTable matches a table expression that joins tables.
+var joinedTable = regexp.MustCompile(`(?i)\bjoin\b|,`)
 
 func contains(list []string, s string) bool {
 	for _, x := range list {

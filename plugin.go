@@ -37,6 +37,7 @@ type Plugin struct {
 	tableInfos tableInfos  // unique keys and rowid of tables, for upserts (lookup.go)
 
 	insertStrategy insertStrategy // zero: per dialect; set by tests and benchmarks to compare
+	lockedWrites   bool           // updates and deletes by condition as locked writes, as without RETURNING; set by tests
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of

@@ -295,7 +295,25 @@ func TestUpdateFrom(t *testing.T) {
 		if d.server() == "mysql" {
 			t.Skip("GORM builds no FROM for UPDATE on MySQL")
 		}
-		db := setupAccounts(t, d)
+		t.Run("returning", func(t *testing.T) { testUpdateFrom(t, setupAccounts(t, d)) })
+		t.Run("locked", func(t *testing.T) { testUpdateFrom(t, setupLocked(t, d)) })
+	})
+}
+
+// setupLocked is setupAccounts with updates and deletes by condition run as locked writes.
+func setupLocked(t *testing.T, d dialect) *gorm.DB {
+	t.Helper()
+	db := openDB(t, d, nil)
+	resetTables(t, db, captureModels...)
+	resetTables(t, db, &Account{}, &Profile{})
+	p := outboxplugin.New()
+	outboxplugin.UseLockedWrites(p)
+	require.NoError(t, db.Use(p))
+	return db
+}
+
+func testUpdateFrom(t *testing.T, db *gorm.DB) {
+	{
 		accounts := []Account{{Email: "a@x", Name: "a"}, {Email: "b@x", Name: "b"}, {Email: "c@x", Name: "c"}}
 		require.NoError(t, db.Create(&accounts).Error)
 		require.NoError(t, db.Create(&[]Profile{{AccountID: accounts[0].ID, Nick: "A", VIP: true}, {AccountID: accounts[1].ID, Nick: "B"}}).Error)
@@ -305,12 +323,18 @@ func TestUpdateFrom(t *testing.T) {
 				Update("name", gorm.Expr("profiles.nick")).Error
 		})
 		assert.Equal(t, []string{fmt.Sprintf("Account_update %d", accounts[0].ID)}, got)
-	})
+	}
 }
 
 func TestUpdateOrderedAndLimited(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d dialect) {
-		db := setupAccounts(t, d)
+		t.Run("default", func(t *testing.T) { testUpdateOrderedAndLimited(t, setupAccounts(t, d)) })
+		t.Run("locked", func(t *testing.T) { testUpdateOrderedAndLimited(t, setupLocked(t, d)) })
+	})
+}
+
+func testUpdateOrderedAndLimited(t *testing.T, db *gorm.DB) {
+	{
 		// Ties on the order column: which two rows the limit takes is the database's choice; the
 		// events must name the ones it took.
 		require.NoError(t, db.Create(&[]Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 1}, {Email: "c@x", Ver: 1}, {Email: "d@x", Ver: 2}}).Error)
@@ -320,12 +344,18 @@ func TestUpdateOrderedAndLimited(t *testing.T) {
 		assertEventsMatchTable(t, db, func() error {
 			return db.Where("ver = ?", 1).Order("ver").Limit(1).Delete(&Account{}).Error
 		})
-	})
+	}
 }
 
 func TestScopesAndJoinsInConditions(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d dialect) {
-		db := setupAccounts(t, d)
+		t.Run("default", func(t *testing.T) { testScopesAndJoins(t, setupAccounts(t, d)) })
+		t.Run("locked", func(t *testing.T) { testScopesAndJoins(t, setupLocked(t, d)) })
+	})
+}
+
+func testScopesAndJoins(t *testing.T, db *gorm.DB) {
+	{
 		accounts := []Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 2}, {Email: "c@x", Ver: 3}}
 		require.NoError(t, db.Create(&accounts).Error)
 		require.NoError(t, db.Create(&Profile{AccountID: accounts[1].ID, VIP: true}).Error)
@@ -341,7 +371,7 @@ func TestScopesAndJoinsInConditions(t *testing.T) {
 		assertEventsMatchTable(t, db, func() error {
 			return db.Scopes(atLeast(3)).Delete(&Account{}).Error
 		})
-	})
+	}
 }
 
 // Row payloads hold what the database stored: not the zero values of a partial model, not an

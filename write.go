@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"strings"
 
 	"gorm.io/gorm"
@@ -259,6 +258,9 @@ func (p *Plugin) planWrite(db *gorm.DB, st *statementState) *write {
 		return nil
 	}
 	stmt := db.Statement
+	if p.lockedWrites {
+		return p.newWrite(db, st, lockedWrite)
+	}
 	switch db.Dialector.Name() {
 	case "postgres":
 		return p.newWrite(db, st, returningWrite)
@@ -330,6 +332,10 @@ func (w *write) run(ctx context.Context, query string, args []any, isQuery bool)
 		rows *sql.Rows
 		err  error
 	)
+	if w.strategy == lockedWrite && isQuery && returns(stmt) {
+		// The application's own RETURNING: the rows come back with it.
+		w.strategy = returningWrite
+	}
 	switch w.strategy {
 	case returningWrite:
 		res, rows, err = w.runReturning(ctx, query, args, isQuery)
@@ -812,10 +818,6 @@ func (w *write) replayReturning(ctx context.Context) (*sql.Rows, error) {
 	return replay(ctx, buf)
 }
 
-// joinedTable matches a table expression that joins tables: a write on it may read other tables in
-// its WHERE, which must then stay.
-var joinedTable = regexp.MustCompile(`(?i)\bjoin\b|,`)
-
 // runLocked runs an UPDATE or DELETE on MySQL/MariaDB (or SQLite without RETURNING) as a locking read
 // of the rows it matches — its own table expression, WHERE, ORDER BY and LIMIT, FOR UPDATE — and then
 // the write on exactly those keys. Reading the same WHERE twice could match different rows (rows
@@ -865,8 +867,10 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	for i, r := range pre {
 		keys[i], _ = w.key(r)
 	}
+	// A write that joins other tables keeps its WHERE, which may tie the tables together.
 	var where []clause.Expression
-	if stmt.TableExpr != nil && joinedTable.MatchString(stmt.TableExpr.SQL) {
+	joined := joins(stmt, built)
+	if joined {
 		if c, ok := stmt.Clauses["WHERE"]; ok {
 			if wc, ok := c.Expression.(clause.Where); ok {
 				where = wc.Exprs
@@ -882,10 +886,15 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 		if w.st.op == ChangesetUpdate || w.soft {
 			wr.Clauses["UPDATE"] = clauseOr(stmt, "UPDATE", clause.Update{})
 			wr.Clauses["SET"] = stmt.Clauses["SET"]
-			wr.Build("UPDATE", "SET", "WHERE")
+			if c, ok := stmt.Clauses["FROM"]; ok && joined && contains(built, "FROM") {
+				wr.Clauses["FROM"] = c // UPDATE … FROM
+				wr.Build("UPDATE", "SET", "FROM", "WHERE")
+			} else {
+				wr.Build("UPDATE", "SET", "WHERE")
+			}
 		} else {
 			wr.Clauses["DELETE"] = clauseOr(stmt, "DELETE", clause.Delete{})
-			wr.AddClause(clause.From{})
+			wr.Clauses["FROM"] = clauseOr(stmt, "FROM", clause.From{})
 			wr.Build("DELETE", "FROM", "WHERE")
 		}
 		q := wr.SQL.String()
