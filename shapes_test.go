@@ -313,17 +313,15 @@ func setupLocked(t *testing.T, d dialect) *gorm.DB {
 }
 
 func testUpdateFrom(t *testing.T, db *gorm.DB) {
-	{
-		accounts := []Account{{Email: "a@x", Name: "a"}, {Email: "b@x", Name: "b"}, {Email: "c@x", Name: "c"}}
-		require.NoError(t, db.Create(&accounts).Error)
-		require.NoError(t, db.Create(&[]Profile{{AccountID: accounts[0].ID, Nick: "A", VIP: true}, {AccountID: accounts[1].ID, Nick: "B"}}).Error)
-		got := assertEventsMatchTable(t, db, func() error {
-			return db.Model(&Account{}).Clauses(clause.From{Tables: []clause.Table{{Name: "profiles"}}}).
-				Where("profiles.account_id = accounts.id AND profiles.vip = ?", true).
-				Update("name", gorm.Expr("profiles.nick")).Error
-		})
-		assert.Equal(t, []string{fmt.Sprintf("Account_update %d", accounts[0].ID)}, got)
-	}
+	accounts := []Account{{Email: "a@x", Name: "a"}, {Email: "b@x", Name: "b"}, {Email: "c@x", Name: "c"}}
+	require.NoError(t, db.Create(&accounts).Error)
+	require.NoError(t, db.Create(&[]Profile{{AccountID: accounts[0].ID, Nick: "A", VIP: true}, {AccountID: accounts[1].ID, Nick: "B"}}).Error)
+	got := assertEventsMatchTable(t, db, func() error {
+		return db.Model(&Account{}).Clauses(clause.From{Tables: []clause.Table{{Name: "profiles"}}}).
+			Where("profiles.account_id = accounts.id AND profiles.vip = ?", true).
+			Update("name", gorm.Expr("profiles.nick")).Error
+	})
+	assert.Equal(t, []string{fmt.Sprintf("Account_update %d", accounts[0].ID)}, got)
 }
 
 func TestUpdateOrderedAndLimited(t *testing.T) {
@@ -334,17 +332,15 @@ func TestUpdateOrderedAndLimited(t *testing.T) {
 }
 
 func testUpdateOrderedAndLimited(t *testing.T, db *gorm.DB) {
-	{
-		// Ties on the order column: which two rows the limit takes is the database's choice; the
-		// events must name the ones it took.
-		require.NoError(t, db.Create(&[]Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 1}, {Email: "c@x", Ver: 1}, {Email: "d@x", Ver: 2}}).Error)
-		assertEventsMatchTable(t, db, func() error {
-			return db.Model(&Account{}).Where("ver = ?", 1).Order("ver").Limit(2).Update("name", "taken").Error
-		})
-		assertEventsMatchTable(t, db, func() error {
-			return db.Where("ver = ?", 1).Order("ver").Limit(1).Delete(&Account{}).Error
-		})
-	}
+	// Ties on the order column: which two rows the limit takes is the database's choice; the
+	// events must name the ones it took.
+	require.NoError(t, db.Create(&[]Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 1}, {Email: "c@x", Ver: 1}, {Email: "d@x", Ver: 2}}).Error)
+	assertEventsMatchTable(t, db, func() error {
+		return db.Model(&Account{}).Where("ver = ?", 1).Order("ver").Limit(2).Update("name", "taken").Error
+	})
+	assertEventsMatchTable(t, db, func() error {
+		return db.Where("ver = ?", 1).Order("ver").Limit(1).Delete(&Account{}).Error
+	})
 }
 
 func TestScopesAndJoinsInConditions(t *testing.T) {
@@ -355,23 +351,21 @@ func TestScopesAndJoinsInConditions(t *testing.T) {
 }
 
 func testScopesAndJoins(t *testing.T, db *gorm.DB) {
-	{
-		accounts := []Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 2}, {Email: "c@x", Ver: 3}}
-		require.NoError(t, db.Create(&accounts).Error)
-		require.NoError(t, db.Create(&Profile{AccountID: accounts[1].ID, VIP: true}).Error)
-		atLeast := func(v int) func(*gorm.DB) *gorm.DB {
-			return func(tx *gorm.DB) *gorm.DB { return tx.Where("ver >= ?", v) }
-		}
-		assertEventsMatchTable(t, db, func() error {
-			return db.Model(&Account{}).Scopes(atLeast(2)).Update("name", "scoped").Error
-		})
-		assertEventsMatchTable(t, db, func() error {
-			return db.Model(&Account{}).Where("id IN (?)", db.Model(&Profile{}).Select("account_id").Where("vip = ?", true)).Update("ver", gorm.Expr("ver + 10")).Error
-		})
-		assertEventsMatchTable(t, db, func() error {
-			return db.Scopes(atLeast(3)).Delete(&Account{}).Error
-		})
+	accounts := []Account{{Email: "a@x", Ver: 1}, {Email: "b@x", Ver: 2}, {Email: "c@x", Ver: 3}}
+	require.NoError(t, db.Create(&accounts).Error)
+	require.NoError(t, db.Create(&Profile{AccountID: accounts[1].ID, VIP: true}).Error)
+	atLeast := func(v int) func(*gorm.DB) *gorm.DB {
+		return func(tx *gorm.DB) *gorm.DB { return tx.Where("ver >= ?", v) }
 	}
+	assertEventsMatchTable(t, db, func() error {
+		return db.Model(&Account{}).Scopes(atLeast(2)).Update("name", "scoped").Error
+	})
+	assertEventsMatchTable(t, db, func() error {
+		return db.Model(&Account{}).Where("id IN (?)", db.Model(&Profile{}).Select("account_id").Where("vip = ?", true)).Update("ver", gorm.Expr("ver + 10")).Error
+	})
+	assertEventsMatchTable(t, db, func() error {
+		return db.Scopes(atLeast(3)).Delete(&Account{}).Error
+	})
 }
 
 // Row payloads hold what the database stored: not the zero values of a partial model, not an
