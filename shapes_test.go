@@ -181,7 +181,9 @@ func TestSQLiteInsertOrReplace(t *testing.T) {
 	before := len(loadEvents(t, db))
 	// REPLACE deletes the rows the new one conflicts with: bob under his key (replaced), ann under
 	// her email (deleted, since the new row has bob's key).
-	require.NoError(t, db.Clauses(clause.Insert{Modifier: "OR REPLACE"}).Create(&Account{ID: bob.ID, Email: "ann@x", Name: "merged"}).Error)
+	res := db.Clauses(clause.Insert{Modifier: "OR REPLACE"}).Create(&Account{ID: bob.ID, Email: "ann@x", Name: "merged"})
+	require.NoError(t, res.Error)
+	assert.EqualValues(t, 1, res.RowsAffected, "as SQLite counts: the row inserted")
 	assert.Equal(t, []string{fmt.Sprintf("Account_delete %d", ann.ID), fmt.Sprintf("Account_update %d", bob.ID)},
 		eventKeys(t, loadEvents(t, db)[before:]))
 	assert.Len(t, accountRows(t, db), 1)

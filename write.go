@@ -239,9 +239,13 @@ func (p *Plugin) planCreate(db *gorm.DB, st *statementState) *write {
 		if conflict || modifier != modifierNone || stored {
 			return p.newWrite(db, st, returningWrite)
 		}
-	default:
+	case "mysql":
 		if conflict || modifier == modifierIgnore {
 			return p.newWrite(db, st, mysqlUpsert)
+		}
+	default:
+		if conflict || modifier != modifierNone {
+			db.AddError(fmt.Errorf("outboxplugin: create %s: %w: upserts and INSERT modifiers are captured on PostgreSQL, MySQL, MariaDB and SQLite, not on %s", st.schema.Name, ErrUnsupportedWrite, db.Dialector.Name()))
 		}
 	}
 	return nil
@@ -441,6 +445,7 @@ func (w *write) runReturning(ctx context.Context, query string, args []any, isQu
 	if err != nil {
 		return nil, nil, err
 	}
+	written := int64(len(w.returned)) // the rows REPLACE deleted, added below, are not counted by SQLite
 	if err := w.classifyReturned(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -451,7 +456,7 @@ func (w *write) runReturning(ctx context.Context, query string, args []any, isQu
 		replayed, err := replay(ctx, buf)
 		return nil, replayed, err
 	}
-	res := writeResult{rows: int64(len(w.returned))}
+	res := writeResult{rows: written}
 	switch dialect {
 	case "postgres":
 		res.lastIDErr = errNoLastInsertID
