@@ -106,11 +106,6 @@ const (
 // upserts reports whether the insert can update existing rows.
 func (s *insertClauses) upserts() bool { return s.conflict && len(s.doUpdates) > 0 }
 
-// canSkip reports whether the insert can leave some of its rows unwritten without failing.
-func (s *insertClauses) canSkip() bool {
-	return s.modifier == modifierIgnore || (s.conflict && len(s.doUpdates) == 0)
-}
-
 // parseModifier reads clause.Insert's Modifier. A modifier whose effect on the written rows is
 // unknown is refused rather than captured by a guess.
 func parseModifier(mod string) (modifierKind, error) {
