@@ -373,7 +373,7 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 	}
 	if len(moved) > 0 {
 		// Rows the update gave other unique values: read them by key.
-		again, err := readByKeys(db, w.ConnPool, stmt, w.st.schema, w.st.fields, moved, w.conflictFields(), w.compareColumns(), true)
+		again, err := readByKeys(db, w.ConnPool, stmt, w.st.schema, w.st.fields, moved, w.readFields(), w.compareColumns(), true)
 		if err != nil {
 			return nil, err
 		}

@@ -581,7 +581,7 @@ func (w *write) readConflicting(ctx context.Context, lock bool) ([]readRow, erro
 		}
 		for start := 0; start < len(tuples); start += maxKeysPerRead {
 			part := tuples[start:min(start+maxKeysPerRead, len(tuples))]
-			rows, err := readWhere(db, w.ConnPool, stmt, w.st.schema, w.conflictFields(), w.compareColumns(), tupleIn(names, part), lock)
+			rows, err := readWhere(db, w.ConnPool, stmt, w.st.schema, w.readFields(), w.compareColumns(), tupleIn(names, part), lock)
 			if err != nil {
 				return nil, err
 			}
@@ -594,14 +594,6 @@ func (w *write) readConflicting(ctx context.Context, lock bool) ([]readRow, erro
 		}
 	}
 	return out, nil
-}
-
-// conflictFields are read of a conflicting row: its key, and the stored row when needed.
-func (w *write) conflictFields() []*schema.Field {
-	if w.stored {
-		return modelColumns(w.st.schema)
-	}
-	return w.st.fields
 }
 
 // compareColumns are the columns whose values, read before and after, tell an updated row from one
