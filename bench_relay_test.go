@@ -73,8 +73,11 @@ func drainWithWorkers(tb testing.TB, db *gorm.DB, n, events int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
-		w := outboxplugin.NewWorker(db, noopPublisher, outboxplugin.WithLogger(quietLogger), outboxplugin.WithoutListen(),
+		w, err := outboxplugin.NewWorker(db, noopPublisher, outboxplugin.WithLogger(quietLogger), outboxplugin.WithoutListen(),
 			outboxplugin.WithObserver(obs), outboxplugin.WithPollInterval(5*time.Millisecond))
+		if err != nil {
+			tb.Fatal(err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -258,8 +261,12 @@ func BenchmarkClaimWithProcessedRows(b *testing.B) {
 			for _, table := range tables {
 				table := table
 				obs := &batchObserver{onBatch: func(r outboxplugin.BatchResult) { claim[table] += r.ClaimDuration }}
-				workers[table] = outboxplugin.NewWorker(db, noopPublisher, outboxplugin.WithTable(table),
+				w, err := outboxplugin.NewWorker(db, noopPublisher, outboxplugin.WithTable(table),
 					outboxplugin.WithLogger(quietLogger), outboxplugin.WithoutListen(), outboxplugin.WithObserver(obs))
+				if err != nil {
+					b.Fatal(err)
+				}
+				workers[table] = w
 			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

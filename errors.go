@@ -39,6 +39,14 @@ var (
 	// a change with a guessed event. Where the form is known in advance, nothing is written.
 	ErrUnsupportedWrite = errors.New("write cannot be captured exactly")
 
+	// ErrBrokerUnavailable is for publishers: a Publish error that wraps it — returned for the whole
+	// batch, or as the error of a message in a *PublishError — says the broker did not get the
+	// message(s) (a lost connection, a timeout waiting for an acknowledgement, no server to answer)
+	// rather than refused them. Such a delivery spends no attempt: the events go back to pending as
+	// they were, and Run backs off. A whole-batch error that wraps it is not split in halves to look for
+	// a message at fault. Any other error of a message in a PublishError is a refusal.
+	ErrBrokerUnavailable = errors.New("broker unavailable")
+
 	// ErrUnknownTable is returned, under WithStrictTables, for a write through db.Table(name) without a
 	// model to a table no model the application uses maps to: a write that would otherwise commit
 	// without events.

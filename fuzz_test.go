@@ -452,10 +452,13 @@ func FuzzCaptureAndRelay(f *testing.F) {
 		f.Fatal(err)
 	}
 	var got []Message
-	worker := NewWorker(db, PublisherFunc(func(_ context.Context, msgs []Message) error {
+	worker, err := NewWorker(db, PublisherFunc(func(_ context.Context, msgs []Message) error {
 		got = append(got, msgs...)
 		return nil
 	}), WithDeleteOnPublish(), WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		f.Fatal(err)
+	}
 
 	f.Fuzz(func(t *testing.T, s string, blob []byte) {
 		got = got[:0]

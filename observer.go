@@ -25,8 +25,20 @@ type BatchResult struct {
 	Published []Message
 	// Failed are the messages that were not published; each will be retried, or is dead.
 	Failed []FailedMessage
-	// Released is the number of events handed back unpublished because the worker was stopping.
+	// NotDelivered are the messages the publish failed without the broker refusing them: the
+	// publisher returned an error for the whole batch (connection refused or lost, a timeout) that
+	// splitting the batch did not pin on a message, or named them with an error wrapping
+	// ErrBrokerUnavailable. They are pending again with their attempt given back (their Err is
+	// recorded as last_error); none is ever made dead this way.
+	NotDelivered []FailedMessage
+	// Released is the number of events handed back unpublished, with the attempt given back, because
+	// the worker was stopping.
 	Released int
+	// LeaseLost is the number of published events the worker could no longer mark done: their lease
+	// had run out (renewals failed, or the worker was stalled) and another worker took them over, so
+	// they are published twice. Logged at warn too; counted when the worker marks a batch on its own,
+	// not when the mark rides on its next claim.
+	LeaseLost int
 	// Durations of the three steps: claiming, publishing, and recording the outcome.
 	ClaimDuration, PublishDuration, FinishDuration time.Duration
 }

@@ -42,10 +42,22 @@ func messageKey(aggregateType, aggregateID string) string {
 	return aggregateType + ":" + aggregateID
 }
 
-// Publisher sends a batch of messages to a broker. It returns nil when every message was accepted
-// (acknowledged by the broker), a *PublishError (possibly wrapped) naming the messages that failed
-// when some did, and any other error when the batch failed as a whole. Publish must honour ctx: the
-// worker bounds every call with its publish timeout.
+// Publisher sends a batch of messages to a broker. It returns:
+//
+//   - nil when every message was accepted (acknowledged by the broker): they are marked done;
+//   - a *PublishError (possibly wrapped) naming the messages the broker refused: those are retried
+//     after their backoff, spending an attempt each (dead after the last), and the others are done.
+//     Ids in it that are not in the batch are ignored (and logged); a PublishError that names no
+//     message of the batch — an empty one included — is a failure of the whole batch;
+//   - any other error when the batch failed as a whole: connection refused or lost, a timeout, the
+//     broker unavailable. That says nothing about the messages, so it spends no attempt: the worker
+//     splits the batch in halves and publishes them, to find a message that makes the whole batch fail
+//     — once the broker took any message of the batch, a message that still fails alone counts as
+//     refused — and if the broker takes none, the events go back to pending, attempts untouched, and
+//     Run backs off. An outage of any length kills no event.
+//
+// Publish must honour ctx: the worker bounds each batch with its publish timeout, and a call cut short
+// by it counts as a failure that names no message.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) error
 }
@@ -56,9 +68,10 @@ type PublisherFunc func(ctx context.Context, msgs []Message) error
 // Publish calls f.
 func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) error { return f(ctx, msgs) }
 
-// PublishError is how a publisher reports a partly failed batch: Failed maps the ID of each message
-// that was not published to its error. Messages of the batch not in Failed count as published and
-// are marked done; only the failed ones are retried.
+// PublishError is how a publisher reports messages the broker refused: Failed maps the ID of each
+// message that was not published to its error. Messages of the batch not in Failed count as published
+// and are marked done; only the failed ones are retried. Naming no message of the batch makes it a
+// failure of the whole batch (see Publisher).
 type PublishError struct {
 	Failed map[string]error
 }

@@ -259,7 +259,7 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 	var claimed []claimedRow
 	err := q.inTx(ctx, func(tx *sql.Tx) error {
 		if prev != nil {
-			if err := q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
+			if _, err := q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
 				return err
 			}
 		}
@@ -432,16 +432,20 @@ func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []
 	return res.RowsAffected()
 }
 
-// markDone records published rows: processed (the reference design), or deleted.
-func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b doneBatch, deleteRows bool) error {
+// markDone records published rows: processed (the reference design), or deleted. It returns how many
+// of them were still leased to owner.
+func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b doneBatch, deleteRows bool) (int64, error) {
 	match, args := q.rowsMatch(b.ids, b.ctids)
 	query := `UPDATE ` + q.table + ` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL WHERE `
 	args = append([]any{b.now}, args...)
 	if deleteRows {
 		query, args = `DELETE FROM `+q.table+` WHERE `, args[1:]
 	}
-	_, err := ex.ExecContext(ctx, q.bind(query+match+` AND locked_by = ?`), append(args, owner)...)
-	return err
+	res, err := ex.ExecContext(ctx, q.bind(query+match+` AND locked_by = ?`), append(args, owner)...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // markRetry records failed deliveries that will be retried at next.
@@ -458,10 +462,47 @@ func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []
 	return err
 }
 
-// release hands rows back unpublished, without counting the attempt.
-func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []int64) error {
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1 WHERE `,
-		nil, ids, ` AND locked_by = ?`, owner)
+// renew extends the lease of the given rows that are still the owner's, and returns how many it
+// extended; on PostgreSQL also where each now is (an UPDATE moves a row to a new ctid).
+func (q *relaySQL) renew(ctx context.Context, owner string, ids []int64, until time.Time) (moved map[int64]string, n int64, err error) {
+	in, idArgs := q.idList(ids)
+	query := `UPDATE ` + q.table + ` SET locked_until = ? WHERE ` + in + ` AND locked_by = ?`
+	args := append(append([]any{until}, idArgs...), owner)
+	if q.dialect != "postgres" {
+		res, err := q.db.ExecContext(ctx, q.bind(query), args...)
+		if err != nil {
+			return nil, 0, err
+		}
+		n, err = res.RowsAffected()
+		return nil, n, err
+	}
+	rows, err := q.db.QueryContext(ctx, q.bind(query+` RETURNING id, ctid::text`), args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	moved = make(map[int64]string, len(ids))
+	for rows.Next() {
+		var id int64
+		var ctid string
+		if err := rows.Scan(&id, &ctid); err != nil {
+			return nil, 0, err
+		}
+		moved[id] = ctid
+	}
+	return moved, int64(len(moved)), rows.Err()
+}
+
+// release hands rows back unpublished, without counting the attempt; a non-empty lastError is
+// recorded as the rows' last error.
+func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []int64, lastError string) error {
+	set := `UPDATE ` + q.table + ` SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1`
+	var head []any
+	if lastError != "" {
+		set += `, last_error = ?`
+		head = []any{lastError}
+	}
+	_, err := q.exec(ctx, ex, set+` WHERE `, head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 

@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -438,7 +437,6 @@ func TestOutboxTableNameInjection(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}}).Error)
-		ctx := context.Background()
 		for _, name := range injectionNames {
 			t.Run(fmt.Sprintf("%q", name), func(t *testing.T) {
 				other := openDB(t, d, nil)
@@ -446,14 +444,9 @@ func TestOutboxTableNameInjection(t *testing.T) {
 				assert.ErrorIs(t, err, outboxplugin.ErrInvalidTableName)
 				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
 
-				w := newWorker(t, db, newRecorder(), outboxplugin.WithTable(name))
-				_, err = w.ProcessOnce(ctx)
+				w, err := outboxplugin.NewWorker(db, newRecorder(), outboxplugin.WithTable(name))
+				assert.Nil(t, w)
 				assert.ErrorIs(t, err, outboxplugin.ErrInvalidTableName)
-				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
-				assert.ErrorIs(t, w.Run(ctx), outboxplugin.ErrInvalidOption)
-				_, err = w.Cleanup(ctx, 0)
-				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
-				_, err = w.RequeueDead(ctx)
 				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
 			})
 		}
@@ -490,7 +483,7 @@ func TestReservedWordTableName(t *testing.T) {
 		n, err := w.ProcessOnce(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 2, n)
-		_, err = w.RequeueDead(ctx)
+		_, err = w.RequeueAllDead(ctx)
 		require.NoError(t, err)
 		removed, err := w.Cleanup(ctx, 0)
 		require.NoError(t, err)
@@ -506,40 +499,35 @@ func TestWorkerOptionBoundaries(t *testing.T) {
 	ctx := context.Background()
 	pub := newRecorder()
 	refused := map[string][]outboxplugin.WorkerOption{
-		"batch size 10001":         {outboxplugin.WithBatchSize(10001)},
-		"batch size -1":            {outboxplugin.WithBatchSize(-1)},
-		"negative poll":            {outboxplugin.WithPollInterval(-time.Second)},
-		"zero publish timeout":     {outboxplugin.WithPublishTimeout(0)},
-		"zero lease":               {outboxplugin.WithLease(0)},
-		"lease = publish timeout":  {outboxplugin.WithLease(time.Minute), outboxplugin.WithPublishTimeout(time.Minute)},
-		"lease below default publ": {outboxplugin.WithLease(10 * time.Second)},
-		"zero cleanup interval":    {outboxplugin.WithCleanup(0)},
-		"negative retention":       {outboxplugin.WithRetention(-time.Hour)},
-		"zero backlog interval":    {outboxplugin.WithBacklogInterval(0)},
-		"max attempts -1":          {outboxplugin.WithMaxAttempts(-1)},
-		"second option invalid":    {outboxplugin.WithBatchSize(5), outboxplugin.WithMaxAttempts(0)},
+		"batch size 10001":        {outboxplugin.WithBatchSize(10001)},
+		"batch size -1":           {outboxplugin.WithBatchSize(-1)},
+		"negative poll":           {outboxplugin.WithPollInterval(-time.Second)},
+		"zero publish timeout":    {outboxplugin.WithPublishTimeout(0)},
+		"zero lease":              {outboxplugin.WithLease(0)},
+		"lease below the minimum": {outboxplugin.WithLease(outboxplugin.MinLease - time.Millisecond)},
+		"zero cleanup interval":   {outboxplugin.WithCleanup(0)},
+		"negative retention":      {outboxplugin.WithRetention(-time.Hour)},
+		"zero backlog interval":   {outboxplugin.WithBacklogInterval(0)},
+		"max attempts -1":         {outboxplugin.WithMaxAttempts(-1)},
+		"second option invalid":   {outboxplugin.WithBatchSize(5), outboxplugin.WithMaxAttempts(0)},
 	}
 	for name, opts := range refused {
 		t.Run(name, func(t *testing.T) {
-			w := newWorker(t, db, pub, opts...)
-			_, err := w.ProcessOnce(ctx)
+			w, err := outboxplugin.NewWorker(db, pub, opts...)
+			assert.Nil(t, w)
 			assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
-			assert.ErrorIs(t, w.Run(ctx), outboxplugin.ErrInvalidOption, "Run returns at once")
-			_, err = w.Cleanup(ctx, time.Hour)
-			assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
-			_, err = w.RequeueDead(ctx)
-			assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
+			assert.ErrorContains(t, err, "outboxplugin: NewWorker")
 		})
 	}
 	assert.Empty(t, pub.published(), "a refused worker publishes nothing")
 	assert.Nil(t, loadEvents(t, db)[0].LockedBy, "nor claims anything")
 
 	accepted := map[string][]outboxplugin.WorkerOption{
-		"batch size 1":                 {outboxplugin.WithBatchSize(1)},
-		"batch size 10000":             {outboxplugin.WithBatchSize(10000)},
-		"lease just above the timeout": {outboxplugin.WithLease(time.Second + time.Nanosecond), outboxplugin.WithPublishTimeout(time.Second)},
-		"max attempts 1":               {outboxplugin.WithMaxAttempts(1)},
-		"nil option skipped":           {nil},
+		"batch size 1":                {outboxplugin.WithBatchSize(1)},
+		"batch size 10000":            {outboxplugin.WithBatchSize(10000)},
+		"minimum lease, long publish": {outboxplugin.WithLease(outboxplugin.MinLease), outboxplugin.WithPublishTimeout(time.Minute)},
+		"max attempts 1":              {outboxplugin.WithMaxAttempts(1)},
+		"nil option skipped":          {nil},
 	}
 	for name, opts := range accepted {
 		t.Run(name, func(t *testing.T) {
@@ -552,23 +540,8 @@ func TestWorkerOptionBoundaries(t *testing.T) {
 	require.NoError(t, openDB(t, dialects[0], nil).Use(outboxplugin.New(nil)), "a nil plugin option is skipped")
 }
 
-// boundedRun runs w for d and returns the number of error-level log lines it wrote; Run must return
-// nil when its context ends, whatever the errors meanwhile.
-func boundedRun(t *testing.T, db *gorm.DB, d time.Duration, opts ...outboxplugin.WorkerOption) (errorLines int) {
-	t.Helper()
-	logs := &countingHandler{counts: map[slog.Level]int{}}
-	opts = append([]outboxplugin.WorkerOption{outboxplugin.WithPollInterval(10 * time.Millisecond)}, opts...)
-	w := outboxplugin.NewWorker(db, newRecorder(), append(opts, outboxplugin.WithLogger(slog.New(logs)))...)
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	require.NoError(t, w.Run(ctx))
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	return logs.counts[slog.LevelError]
-}
-
 // Without an outbox table the worker fails clearly — every method names the table — and does not
-// panic; Run logs with growing pauses, and recovers on its own once the table exists.
+// panic; Run fails at once, saying what to run, instead of logging a failed claim every few seconds.
 func TestWorkerWithoutOutboxTable(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
@@ -581,25 +554,28 @@ func TestWorkerWithoutOutboxTable(t *testing.T) {
 		assert.Contains(t, err.Error(), "outbox_events")
 		_, err = w.Cleanup(ctx, time.Hour)
 		assert.ErrorContains(t, err, "outbox_events")
-		_, err = w.RequeueDead(ctx)
+		_, err = w.RequeueDead(ctx, "x")
+		assert.ErrorContains(t, err, "outbox_events")
+		_, err = w.RequeueAllDead(ctx)
 		assert.ErrorContains(t, err, "outbox_events")
 		_, err = newWorker(t, db, newRecorder(), outboxplugin.WithKeyOrdering()).ProcessOnce(ctx)
 		assert.ErrorContains(t, err, "outbox_events") // from the key index (MySQL, SQLite) or the claim
 
-		lines := boundedRun(t, db, 500*time.Millisecond)
-		// Pauses of 20, 40, 80, 160, 320 ms… after consecutive failures: a handful of lines, not
-		// one per 10 ms poll (50).
-		assert.GreaterOrEqual(t, lines, 1, "the failure is logged")
-		assert.LessOrEqual(t, lines, 8, "with growing pauses")
+		runCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err = w.Run(runCtx)
+		require.Error(t, err, "Run fails fast")
+		assert.NoError(t, runCtx.Err(), "at once, not when its context ends")
+		assert.ErrorContains(t, err, "outbox_events")
+		assert.ErrorContains(t, err, "AutoMigrate")
 
-		// Run keeps trying: the table appears, and the next event is published.
+		// Once the table exists, a Run publishes.
+		require.NoError(t, db.AutoMigrate(&outboxplugin.OutboxEvent{}))
+		require.NoError(t, db.Create(&User{Name: "after"}).Error)
 		rec := newRecorder()
 		stop := runWorkers(t, 1, func() *outboxplugin.Worker {
 			return newWorker(t, db, rec, outboxplugin.WithPollInterval(10*time.Millisecond))
 		})
-		time.Sleep(100 * time.Millisecond)
-		require.NoError(t, db.AutoMigrate(&outboxplugin.OutboxEvent{}))
-		require.NoError(t, db.Create(&User{Name: "after"}).Error)
 		require.Eventually(t, func() bool { return rec.distinct() == 1 }, 10*time.Second, 10*time.Millisecond,
 			"published once the table exists")
 		stop()
@@ -645,9 +621,10 @@ func TestWrongOutboxSchema(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "outboxplugin: claim")
 			assert.Regexp(t, `processed|message_id|locked_by`, err.Error(), "names a missing column")
-			lines := boundedRun(t, db, 300*time.Millisecond)
-			assert.GreaterOrEqual(t, lines, 1)
-			assert.LessOrEqual(t, lines, 8)
+			err = newWorker(t, db, newRecorder()).Run(ctx)
+			require.Error(t, err, "Run fails fast")
+			assert.Regexp(t, `processed|message_id|locked_by|attempts`, err.Error(), "names a missing column")
+			assert.ErrorContains(t, err, "AutoMigrate")
 		})
 
 		t.Run("payload column of the wrong type", func(t *testing.T) {

@@ -146,9 +146,11 @@ func TestPoisonEventAmongManyDefaultMode(t *testing.T) {
 		obs := &deadRecorder{}
 		logs := &countingHandler{counts: map[slog.Level]int{}}
 		stop := runWorkers(t, 1, func() *outboxplugin.Worker {
-			return outboxplugin.NewWorker(db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond),
+			w, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond),
 				outboxplugin.WithMaxAttempts(maxAttempts), outboxplugin.WithRetryPolicy(fastRetry),
 				outboxplugin.WithObserver(obs), outboxplugin.WithLogger(slog.New(logs)))
+			require.NoError(t, err)
+			return w
 		})
 		requireDeadAfter(t, db, poisonID, maxAttempts)
 		require.Eventually(t, func() bool { return pub.distinct() == len(users)-1 }, 20*time.Second, 10*time.Millisecond,

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -26,16 +27,19 @@ var ErrUnsupportedDialect = errors.New("outboxplugin: unsupported database")
 // accepted it, so a crash in between publishes it again. Several workers, in one process or many,
 // may run against the same table: claiming skips rows another worker holds.
 //
-// Run it from main with go worker.Run(ctx), or call ProcessOnce from a scheduler of your own.
-// docs/relay.md describes the states a row goes through and the guarantees of each mode.
+// Run it from main, checking the error it returns, or call ProcessOnce from a scheduler of your own.
+// A Worker runs one Run or ProcessOnce at a time (it stamps its rows with one owner id); start one
+// Worker per loop. docs/relay.md describes the states a row goes through and the guarantees of each
+// mode.
 type Worker struct {
-	db    *gorm.DB
-	pub   Publisher
-	cfg   workerConfig
-	err   error // an invalid option, returned by every method
-	owner string
-	sql   *relaySQL
-	wake  chan struct{}
+	db     *gorm.DB
+	pub    Publisher
+	cfg    workerConfig
+	busy   atomic.Bool // a Run or ProcessOnce is under way
+	leases leaseKeeper
+	owner  string
+	sql    *relaySQL
+	wake   chan struct{}
 	// pipeline: Run claims the next batch while it publishes a full one. Not with per-key ordering,
 	// and only when the lease covers a batch that waits one publish timeout before its own.
 	pipeline bool
@@ -75,7 +79,7 @@ const (
 	DefaultBatchSize      = 100
 	DefaultPollInterval   = time.Second
 	DefaultPublishTimeout = 30 * time.Second
-	DefaultLease          = 2 * time.Minute
+	DefaultLease          = 5 * time.Second
 	DefaultMaxAttempts    = 10
 	DefaultRetention      = 7 * 24 * time.Hour
 	DefaultBacklogEvery   = 15 * time.Second
@@ -117,18 +121,25 @@ func WithPublishTimeout(d time.Duration) WorkerOption {
 	}
 }
 
-// WithLease sets how long a claimed event stays reserved for the worker that claimed it (default 2
-// minutes). A worker that dies leaves its events to others after at most this long. It must exceed
-// the publish timeout, so that a live worker finishes its batch within its lease.
+// WithLease sets how long a claimed event stays reserved for the worker that claimed it without
+// being renewed (default 5 s, at least 1 s). While a worker holds a batch — publishing it, or waiting
+// to — it renews the lease every third of it, up to the batch's publish timeout (and the batch claimed
+// ahead's wait for the one before it); a worker that dies (SIGKILL, out of memory, a lost machine)
+// stops renewing, and its events go to the other workers once the lease runs out. The lease is then
+// the failover time; shorten it and renewals come more often.
 func WithLease(d time.Duration) WorkerOption {
 	return func(c *workerConfig) error {
-		if d <= 0 {
-			return fmt.Errorf("%w: lease %v", ErrInvalidOption, d)
+		if d < MinLease {
+			return fmt.Errorf("%w: lease %v shorter than %v", ErrInvalidOption, d, MinLease)
 		}
 		c.lease = d
 		return nil
 	}
 }
+
+// MinLease is the shortest lease WithLease accepts: a renewal every third of it must have time for a
+// database round trip on a loaded machine.
+const MinLease = time.Second
 
 // WithMaxAttempts sets how many deliveries an event gets before it is dead (default 10). Every claim
 // counts, including one cut short by a crash.
@@ -251,9 +262,15 @@ func WithBacklogInterval(d time.Duration) WorkerOption {
 	}
 }
 
-// NewWorker returns a relay that publishes the events of db's outbox table with pub. Invalid options
-// make every method of the worker return an error wrapping ErrInvalidOption.
-func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) *Worker {
+// ErrWorkerBusy is returned by Run and ProcessOnce when the same Worker is already running one of
+// them: a worker's rows carry its owner id, so two loops on one Worker could not tell their leases
+// apart. Create one Worker per loop.
+var ErrWorkerBusy = errors.New("outboxplugin: the worker is already running")
+
+// NewWorker returns a relay that publishes the events of db's outbox table with pub, or an error
+// wrapping ErrInvalidOption for an invalid option, a nil db or publisher, and ErrUnsupportedDialect
+// for a database other than PostgreSQL, MySQL/MariaDB and SQLite.
+func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error) {
 	w := &Worker{
 		db:   db,
 		pub:  pub,
@@ -274,6 +291,13 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) *Worker {
 		},
 		owner: workerID(),
 	}
+	fail := func(err error) (*Worker, error) { return nil, fmt.Errorf("outboxplugin: NewWorker: %w", err) }
+	switch {
+	case db == nil:
+		return fail(fmt.Errorf("%w: nil *gorm.DB", ErrInvalidOption))
+	case pub == nil:
+		return fail(fmt.Errorf("%w: nil Publisher", ErrInvalidOption))
+	}
 	if p := pluginOf(db); p != nil {
 		w.cfg.table = p.cfg.table
 	}
@@ -281,28 +305,17 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) *Worker {
 		if opt == nil {
 			continue
 		}
-		if err := opt(&w.cfg); err != nil && w.err == nil {
-			w.err = err
+		if err := opt(&w.cfg); err != nil {
+			return fail(err)
 		}
 	}
-	switch {
-	case w.err != nil:
-	case db == nil:
-		w.err = fmt.Errorf("%w: nil *gorm.DB", ErrInvalidOption)
-	case pub == nil:
-		w.err = fmt.Errorf("%w: nil Publisher", ErrInvalidOption)
-	case w.cfg.lease <= w.cfg.publishTimeout:
-		w.err = fmt.Errorf("%w: lease %v must exceed the publish timeout %v", ErrInvalidOption, w.cfg.lease, w.cfg.publishTimeout)
+	w.pipeline = !w.cfg.keyOrdering
+	w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
+	var err error
+	if w.sql, err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize); err != nil {
+		return fail(err)
 	}
-	if w.err == nil {
-		w.pipeline = !w.cfg.keyOrdering && w.cfg.lease > 2*w.cfg.publishTimeout
-		w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
-		w.sql, w.err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize)
-	}
-	if w.err != nil {
-		w.err = fmt.Errorf("outboxplugin: NewWorker: %w", w.err)
-	}
-	return w
+	return w, nil
 }
 
 // workerID names the worker in locked_by: host, process and a random suffix, within 64 characters.
@@ -323,8 +336,12 @@ func (w *Worker) Owner() string { return w.owner }
 // in flight; it leaves no goroutine behind. Database and publisher errors do not stop it: they are
 // logged and retried, with growing pauses while they last.
 func (w *Worker) Run(ctx context.Context) error {
-	if w.err != nil {
-		return w.err
+	if !w.busy.CompareAndSwap(false, true) {
+		return ErrWorkerBusy
+	}
+	defer w.busy.Store(false)
+	if err := w.checkTable(ctx); err != nil {
+		return err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -339,6 +356,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		close(done)
 	}
 	defer func() { stop(); <-done }()
+	defer w.keepLeases(context.WithoutCancel(ctx))()
 
 	var (
 		failures    int
@@ -360,7 +378,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		n, publishFailed, err := w.runBatch(ctx, &carried, &ahead, &pace)
+		n, outage, err := w.runBatch(ctx, &carried, &ahead, &pace)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -371,14 +389,15 @@ func (w *Worker) Run(ctx context.Context) error {
 			wait = min(w.cfg.pollInterval*time.Duration(1<<min(failures, 6)), 30*time.Second+w.cfg.pollInterval)
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: relay batch failed",
 				slog.String("worker", w.owner), slog.Int("consecutive_failures", failures), slog.Any("error", err))
-		case publishFailed:
-			// The broker took none of the batch: it is probably down. Back off (the failed events
-			// have their own retry times), ignoring wake-ups meanwhile, so that an outage costs a
-			// claim, a write and a log line now and then, not one per commit of the application.
+		case outage:
+			// The broker took none of the batch and refused none of it: it is probably down. The
+			// events are pending again with their attempts given back. Back off, ignoring wake-ups
+			// meanwhile, so that an outage costs a claim, a write and a log line now and then, not
+			// one per commit of the application — and no attempts, however long it lasts.
 			failures++
 			wait = min(w.cfg.pollInterval*time.Duration(1<<min(failures, 6)), max(maxPublishBackoff, w.cfg.pollInterval))
 			if ahead != nil {
-				w.releaseAhead(ctx, ahead) // its lease would run while the worker waits
+				w.releaseAhead(ctx, ahead) // its lease would be renewed for nothing while the worker waits
 				ahead = nil
 			}
 		case n == w.cfg.batchSize || ahead != nil:
@@ -423,8 +442,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // batch done in the same statement), publishes it and records the outcome. When the batch is full and
 // the worker pipelines, the next batch is claimed — and this turn's carried batch marked — while the
 // publisher works, so that the database and the broker are busy at the same time; that batch is
-// published by the next turn.
-func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch, pace *batchPace) (published int, publishFailed bool, err error) {
+// published by the next turn. outage reports that the broker took none of the batch.
+func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **claimedBatch, pace *batchPace) (published int, outage bool, err error) {
 	c := *ahead
 	*ahead = nil
 	if c == nil {
@@ -433,9 +452,6 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 			return 0, false, err
 		}
 	}
-	// failedWhole tells Run that the broker took nothing: a batch that failed as a whole, not
-	// one cut short by shutdown.
-	failedWhole := func(pubErr error, n int) bool { return pubErr != nil && n == 0 && ctx.Err() == nil }
 	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
 	// published marks it, even when this batch is short — unless the publisher has become too fast
 	// for the overlap to pay.
@@ -446,26 +462,29 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 			w.finishCarried(ctx, *carried)
 			*carried = nil
 		}
-		pubErr := w.publishBatch(ctx, c)
+		w.publishBatch(ctx, c)
 		*pace = batchPace{c.res.ClaimDuration, c.res.PublishDuration}
-		n, next, err := w.completeBatch(ctx, c, pubErr, true)
+		n, next, outage, err := w.completeBatch(ctx, c, true)
 		*carried = next
-		return n, failedWhole(pubErr, n), err
+		return n, outage, err
 	}
-	pubDone := make(chan error, 1)
-	go func() { pubDone <- w.publishBatch(ctx, c) }()
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		w.publishBatch(ctx, c)
+	}()
 	next, claimErr := w.claimAndMark(ctx, carried)
-	pubErr := <-pubDone
+	<-pubDone
 	*pace = batchPace{c.res.ClaimDuration, c.res.PublishDuration}
 	if claimErr == nil && len(next.rows) > 0 {
 		*ahead = next
 	}
-	n, done, err := w.completeBatch(ctx, c, pubErr, true)
+	n, done, outage, err := w.completeBatch(ctx, c, true)
 	*carried = done
 	if err == nil && claimErr != nil {
 		err = claimErr
 	}
-	return n, failedWhole(pubErr, n), err
+	return n, outage, err
 }
 
 // overlapMin is the least share of a claim's time that publishing must take for Run to claim ahead.
@@ -495,11 +514,13 @@ func (w *Worker) claimAndMark(ctx context.Context, carried **carriedBatch) (*cla
 	return c, err
 }
 
-// releaseAhead hands back a batch that was claimed ahead but not published, when Run stops.
+// releaseAhead hands back a batch that was claimed ahead but not published: when Run stops, or backs
+// off.
 func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	w.drop(c.lease)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if err := w.sql.release(fctx, w.sql.db, w.owner, rowIDs(c.rows)); err != nil {
+	if err := w.sql.release(fctx, w.sql.db, w.owner, rowIDs(c.rows), ""); err != nil {
 		// The rows come back when their lease runs out.
 		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not hand back claimed events; they wait for their lease to run out",
 			slog.String("worker", w.owner), slog.Int("events", len(c.rows)), slog.Any("error", err))
@@ -508,6 +529,10 @@ func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
 	c.res.Released = len(c.rows)
 	w.cfg.observer.BatchDone(ctx, c.res)
 }
+
+// finishTimeout bounds the statements that record a batch's outcome, which run even when the worker is
+// stopping, and a claim, which is not cut short by shutdown (its rows would stay leased, unseen).
+const finishTimeout = 30 * time.Second
 
 // Wake makes a waiting Run look for events at once. Applications that know they just committed
 // events (on databases without LISTEN) may call it; it never blocks.
@@ -520,46 +545,58 @@ func (w *Worker) Wake() {
 
 // ProcessOnce claims one batch, publishes it and records the outcome; it returns the number of events
 // published. A batch that fails to publish is not an error of ProcessOnce: its events are scheduled
-// for retry (or are dead) and the count is 0. Errors are those of the database. When ctx ends while
-// the publisher runs, the events it did not confirm are handed back unpublished.
+// for retry (or are dead, or pending again when the broker was unreachable) and the count is 0. Errors
+// are those of the database. When ctx ends while the publisher runs, the events it did not confirm are
+// handed back unpublished.
 func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
-	if w.err != nil {
-		return 0, w.err
+	if !w.busy.CompareAndSwap(false, true) {
+		return 0, ErrWorkerBusy
 	}
-	n, _, err := w.processBatch(ctx, nil, false)
+	defer w.busy.Store(false)
+	defer w.keepLeases(context.WithoutCancel(ctx))()
+	c, err := w.claimBatch(ctx, nil)
+	if err != nil || len(c.rows) == 0 {
+		return 0, err
+	}
+	w.publishBatch(ctx, c)
+	n, _, _, err := w.completeBatch(ctx, c, false)
 	return n, err
 }
 
-// carriedBatch is a fully published batch whose rows Run marks done with its next claim.
+// carriedBatch is a fully published batch whose rows Run marks done with its next claim. Its lease is
+// renewed until then.
 type carriedBatch struct {
-	done   doneBatch
+	rows   []claimedRow
+	lease  *heldLease
+	now    time.Time // when it was published
 	res    BatchResult
 	marked bool // the claim that was to mark it committed
 }
 
-// processBatch claims a batch — marking prev done in the same statement or transaction — publishes
-// it and records the outcome. When carry is allowed and the batch was full and published completely,
-// it is returned for the next claim to mark instead: Run then commits once per batch. Per-key
-// ordering never carries, so that a key's next event can follow at once.
-func (w *Worker) processBatch(ctx context.Context, prev *carriedBatch, carry bool) (published int, next *carriedBatch, err error) {
-	c, err := w.claimBatch(ctx, prev)
-	if err != nil || len(c.rows) == 0 {
-		return 0, nil, err
-	}
-	return w.completeBatch(ctx, c, w.publishBatch(ctx, c), carry)
+// done stops renewing the batch's lease and returns its rows as the mark needs them.
+func (w *Worker) done(b *carriedBatch) doneBatch {
+	w.drop(b.lease)
+	return doneBatch{ids: rowIDs(b.rows), ctids: rowCtids(b.rows), now: b.now}
 }
 
 // claimedBatch is a batch as claimed, with its outcome so far.
 type claimedBatch struct {
-	rows []claimedRow
-	msgs []Message
-	res  BatchResult
+	rows  []claimedRow
+	msgs  []Message
+	lease *heldLease
+	out   []delivery // what the publish did with each message
+	res   BatchResult
 }
 
 // claimBatch claims the next batch, marking prev done in the same statement or transaction (and
-// reporting prev to the observer once it is).
+// reporting prev to the observer once it is). Once the claim is sent it runs to its end, even when ctx
+// ends meanwhile: a committed claim whose rows the worker dropped would leave them leased, unpublished,
+// for a lease.
 func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBatch, error) {
 	if err := w.prepareTable(ctx); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	c := &claimedBatch{}
@@ -567,9 +604,12 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	now := start.UTC()
 	var prevDone *doneBatch
 	if prev != nil {
-		prevDone = &prev.done
+		d := w.done(prev)
+		prevDone = &d
 	}
-	rows, err := w.sql.claim(ctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	rows, err := w.sql.claim(cctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
 	c.res.ClaimDuration = time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("outboxplugin: claim: %w", err)
@@ -580,8 +620,12 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
 	c.res.Claimed = len(rows)
-	rows = w.buryUndecodable(ctx, rows)
+	rows = w.buryUnpublishable(ctx, rows)
 	c.rows = rows
+	if len(rows) == 0 {
+		return c, nil
+	}
+	c.lease = w.hold(rows, now, now.Add(w.cfg.lease))
 	c.msgs = make([]Message, len(rows))
 	for i, r := range rows {
 		c.msgs[i] = r.msg
@@ -589,63 +633,84 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	return c, nil
 }
 
-// buryUndecodable takes the rows that cannot be made into messages (headers or a creation time that
-// a row written by hand with raw SQL got wrong) out of a claimed batch and marks them dead, with the
-// reason as their last error: one such row must not stop the relay, and retrying it cannot help. Fix
-// the row and call RequeueDead to publish it. It returns the rest.
-func (w *Worker) buryUndecodable(ctx context.Context, rows []claimedRow) []claimedRow {
-	if !slices.ContainsFunc(rows, func(r claimedRow) bool { return r.undecodable != nil }) {
+// buryUnpublishable takes out of a claimed batch, and marks dead, the rows that no delivery can
+// publish: those that cannot be made into messages (headers or a creation time that a row written by
+// hand with raw SQL got wrong; fix the row and call RequeueDead), and those whose every delivery so far
+// started and never finished — a publish that kills the process (out of memory, a crash in a cgo
+// client) would otherwise take the relay and the event's batch-mates down after every lease, for
+// ever. It returns the rest.
+func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []claimedRow {
+	if !slices.ContainsFunc(rows, w.unpublishable) {
 		return rows // the usual case: no copy on the hot path
 	}
-	var bad, good []claimedRow
-	for _, r := range rows {
-		if r.undecodable != nil {
-			bad = append(bad, r)
-		} else {
-			good = append(good, r)
-		}
-	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	var good []claimedRow
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	now := time.Now().UTC()
-	for _, r := range bad {
-		err := fmt.Errorf("outboxplugin: event cannot be read: %w", r.undecodable)
+	for _, r := range rows {
+		if !w.unpublishable(r) {
+			good = append(good, r)
+			continue
+		}
+		var err error
+		if r.undecodable != nil {
+			err = fmt.Errorf("outboxplugin: event cannot be read: %w", r.undecodable)
+		} else {
+			err = errNotFinished(r.msg.Attempt - 1)
+		}
 		if merr := w.sql.markDead(fctx, w.sql.db, w.owner, []int64{r.id}, errorText(err), now); merr != nil {
 			// It stays leased, and is claimed — and buried — again when the lease runs out.
-			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unreadable event dead",
+			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unpublishable event dead",
 				slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", merr))
 			continue
 		}
-		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event cannot be read; marked dead",
-			slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", err))
+		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event marked dead before its delivery",
+			slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.String("event_type", r.msg.EventType),
+			slog.Int("attempts", r.msg.Attempt-1), slog.Any("error", err))
 		w.cfg.observer.Dead(ctx, r.msg, err)
 	}
 	return good
 }
 
-// publishBatch publishes a claimed batch and returns the publisher's error.
-func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) error {
+// unpublishable: the row cannot be read, or this claim is one delivery more than the maximum (every
+// earlier one started and none recorded an outcome).
+func (w *Worker) unpublishable(r claimedRow) bool {
+	return r.undecodable != nil || r.msg.Attempt > w.cfg.maxAttempts
+}
+
+// publishBatch publishes a claimed batch, recording what became of each message.
+func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) {
 	start := time.Now()
-	err := w.publish(ctx, c.msgs)
+	out, unknown := w.deliver(ctx, c.msgs)
 	c.res.PublishDuration = time.Since(start)
-	return err
+	c.out = out
+	if len(unknown) > 0 {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
+			slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)), slog.Int("count", len(unknown)))
+	}
+}
+
+// firstFew returns at most the first five of ids, for a log line.
+func firstFew(ids []string) []string {
+	return ids[:min(len(ids), 5)]
 }
 
 // completeBatch records the outcome of a published batch, or — when carry is allowed and the batch
 // was full and published completely — returns it for the next claim to mark.
-func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, pubErr error, carry bool) (published int, next *carriedBatch, err error) {
-	rows, res := c.rows, c.res
-	if carry && pubErr == nil && len(rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil {
+func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool) (published int, next *carriedBatch, outage bool, err error) {
+	allDelivered := !slices.ContainsFunc(c.out, func(d delivery) bool { return d.kind != delivered })
+	if carry && allDelivered && len(c.rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil {
+		res := c.res
 		res.Published = c.msgs
-		done := doneBatch{ids: rowIDs(rows), ctids: rowCtids(rows), now: time.Now().UTC()}
-		return len(rows), &carriedBatch{done: done, res: res}, nil
+		return len(c.rows), &carriedBatch{rows: c.rows, lease: c.lease, now: time.Now().UTC(), res: res}, false, nil
 	}
-
+	w.drop(c.lease)
+	res := c.res
 	start := time.Now()
-	err = w.finish(ctx, rows, pubErr, &res)
+	o, err := w.finish(ctx, c.rows, c.out, &res)
 	res.FinishDuration = time.Since(start)
 	if err != nil {
-		return 0, nil, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
+		return 0, nil, false, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
 	}
 	w.cfg.observer.BatchDone(ctx, res)
 	for _, f := range res.Failed {
@@ -653,69 +718,38 @@ func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, pubErr erro
 			w.cfg.observer.Dead(ctx, f.Message, f.Err)
 		}
 	}
-	return len(res.Published), nil, nil
+	return len(res.Published), nil, o.outage, nil
 }
 
 // finishCarried marks a carried batch done on its own, when no further claim will: at shutdown, or
 // after the claim that was to mark it failed.
 func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
 	b.marked = true
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	d := w.done(b)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	start := time.Now()
-	err := w.sql.markDone(fctx, w.sql.db, w.owner, b.done, w.cfg.deleteOnPublish)
+	n, err := w.sql.markDone(fctx, w.sql.db, w.owner, d, w.cfg.deleteOnPublish)
 	if err != nil {
 		// The rows stay leased and are published again once the lease ends: a duplicate, not a loss.
 		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark published events done; they will be published again",
-			slog.String("worker", w.owner), slog.Int("events", len(b.done.ids)), slog.Any("error", err))
+			slog.String("worker", w.owner), slog.Int("events", len(d.ids)), slog.Any("error", err))
 		return
 	}
 	b.res.FinishDuration = time.Since(start)
+	w.noteLeaseLost(ctx, &b.res, len(d.ids), n)
 	w.cfg.observer.BatchDone(ctx, b.res)
 }
 
-// publish calls the publisher within the publish timeout, turning a panic into an error. Events that
-// failed before (Attempt > 1) go to the publisher one per call, after the others have gone together:
-// an event that makes the publisher fail (or panic on) its whole batch then fails alone on its retry,
-// instead of taking its batch-mates to dead with it. All the calls share the one publish timeout, so
-// a batch still takes at most that long.
-func (w *Worker) publish(ctx context.Context, msgs []Message) error {
-	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
-	defer cancel()
-	if len(msgs) == 1 || !slices.ContainsFunc(msgs, func(m Message) bool { return m.Attempt > 1 }) {
-		return w.call(pctx, msgs) // the usual case: one call, no copy
+// noteLeaseLost records in res, and logs, the published rows a mark no longer found leased to the
+// worker: another worker took them over after their lease ran out, and publishes them again.
+func (w *Worker) noteLeaseLost(ctx context.Context, res *BatchResult, published int, marked int64) {
+	if marked >= int64(published) {
+		return
 	}
-	var fresh, retried []Message
-	for _, m := range msgs {
-		if m.Attempt > 1 {
-			retried = append(retried, m)
-		} else {
-			fresh = append(fresh, m)
-		}
-	}
-	failed := map[string]error{}
-	record := func(part []Message, err error) {
-		var partial *PublishError
-		switch {
-		case err == nil:
-		case errors.As(err, &partial):
-			for id, e := range partial.Failed {
-				failed[id] = e
-			}
-		default:
-			for _, m := range part {
-				failed[m.ID] = err
-			}
-		}
-	}
-	if len(fresh) > 0 {
-		record(fresh, w.call(pctx, fresh))
-	}
-	for i := range retried {
-		one := retried[i : i+1]
-		record(one, w.call(pctx, one))
-	}
-	return FailedMessages(failed)
+	res.LeaseLost = published - int(marked)
+	w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: published events had been taken over by another worker; they will be published twice",
+		slog.String("worker", w.owner), slog.Int("events", res.LeaseLost))
 }
 
 // call is one call of the publisher, with a panic turned into an error.
@@ -728,92 +762,45 @@ func (w *Worker) call(ctx context.Context, msgs []Message) (err error) {
 	return w.pub.Publish(ctx, msgs)
 }
 
-// finish records the outcome of a batch: published rows done, failed rows scheduled for retry or
-// dead, and — when the worker is stopping — unconfirmed rows handed back. Several statements run in
-// one transaction; one runs alone.
-func (w *Worker) finish(ctx context.Context, rows []claimedRow, pubErr error, res *BatchResult) error {
-	failed := map[string]error{}
-	var partial *PublishError
-	switch {
-	case pubErr == nil:
-	case errors.As(pubErr, &partial):
-		failed = partial.Failed
-	default:
-		for _, r := range rows {
-			failed[r.msg.ID] = pubErr
-		}
+// finish records the outcome of a batch (see decide): published rows done, refused rows scheduled
+// for retry or dead, rows not delivered handed back. Several statements run in one transaction; one
+// runs alone.
+func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, res *BatchResult) (outcome, error) {
+	now := time.Now().UTC()
+	o := decide(rows, out, ctx.Err() != nil, w.cfg.maxAttempts, w.cfg.retry, now)
+	for _, r := range o.done {
+		res.Published = append(res.Published, r.msg)
 	}
-	stopping := ctx.Err() != nil
+	res.Failed = o.failed
+	res.NotDelivered = o.unsent
+	res.Released = o.stopped
 
-	type retryGroup struct {
-		ids  []int64
-		next time.Time
-		err  string
-	}
-	type deadRow struct {
-		id  int64
-		err string
-	}
-	var (
-		done       []claimedRow
-		released   []int64
-		dead       []deadRow
-		retries    = map[string]*retryGroup{}
-		retryOrder []string
-		now        = time.Now().UTC()
-	)
-	for _, r := range rows {
-		ferr, isFailed := failed[r.msg.ID]
-		switch {
-		case !isFailed:
-			done = append(done, r)
-			res.Published = append(res.Published, r.msg)
-		case stopping:
-			released = append(released, r.id)
-		case r.msg.Attempt >= w.cfg.maxAttempts:
-			dead = append(dead, deadRow{id: r.id, err: errorText(ferr)})
-			res.Failed = append(res.Failed, FailedMessage{Message: r.msg, Err: ferr, Dead: true})
-		default:
-			// Rows that failed alike at the same attempt share one statement and one next time.
-			msg := errorText(ferr)
-			key := strconv.Itoa(r.msg.Attempt) + "\x00" + msg
-			g := retries[key]
-			if g == nil {
-				g = &retryGroup{next: now.Add(w.cfg.retry.Backoff(r.msg.Attempt)), err: msg}
-				retries[key] = g
-				retryOrder = append(retryOrder, key)
-			}
-			g.ids = append(g.ids, r.id)
-			res.Failed = append(res.Failed, FailedMessage{Message: r.msg, Err: ferr, NextAttempt: g.next})
-		}
-	}
-	res.Released = len(released)
-
+	var marked int64
 	var steps []func(context.Context, execer) error
-	if len(done) > 0 {
-		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markDone(ctx, ex, w.owner, doneBatch{ids: rowIDs(done), ctids: rowCtids(done), now: now}, w.cfg.deleteOnPublish)
+	if len(o.done) > 0 {
+		steps = append(steps, func(ctx context.Context, ex execer) (err error) {
+			marked, err = w.sql.markDone(ctx, ex, w.owner, doneBatch{ids: rowIDs(o.done), ctids: rowCtids(o.done), now: now}, w.cfg.deleteOnPublish)
+			return err
 		})
 	}
-	for _, key := range retryOrder {
-		g := retries[key]
+	for _, g := range o.retries {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
 			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, g.next)
 		})
 	}
-	for _, d := range dead {
+	for _, d := range o.dead {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
 			return w.sql.markDead(ctx, ex, w.owner, []int64{d.id}, d.err, now)
 		})
 	}
-	if len(released) > 0 {
+	for _, g := range groupReleased(o.released) {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.release(ctx, ex, w.owner, released)
+			return w.sql.release(ctx, ex, w.owner, g.ids, g.err)
 		})
 	}
 
 	// The outcome must be recorded even when ctx has ended (shutdown): use a context of its own.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	var err error
 	if len(steps) == 1 {
@@ -829,30 +816,73 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, pubErr error, re
 		})
 	}
 	if err != nil {
-		return err
+		return o, err
 	}
-	if len(res.Failed) > 0 {
-		w.logFailures(ctx, res.Failed)
-	}
-	return nil
+	w.noteLeaseLost(ctx, res, len(o.done), marked)
+	w.logOutcome(ctx, o)
+	return o, nil
 }
 
-// logFailures writes one line per batch, not per message, so that an outage does not flood the log.
-func (w *Worker) logFailures(ctx context.Context, failed []FailedMessage) {
-	deadCount := 0
-	for _, f := range failed {
+// releasedGroup is rows handed back with the same last error.
+type releasedGroup struct {
+	ids []int64
+	err string
+}
+
+func groupReleased(rows []releasedRow) []releasedGroup {
+	var groups []releasedGroup
+	for _, r := range rows {
+		i := slices.IndexFunc(groups, func(g releasedGroup) bool { return g.err == r.err })
+		if i < 0 {
+			groups = append(groups, releasedGroup{err: r.err})
+			i = len(groups) - 1
+		}
+		groups[i].ids = append(groups[i].ids, r.id)
+	}
+	return groups
+}
+
+// logOutcome writes a line per dead event and one per batch for the rest, so that an outage does not
+// flood the log; each names the first few message ids and event types.
+func (w *Worker) logOutcome(ctx context.Context, o outcome) {
+	retried := 0
+	for _, f := range o.failed {
 		if f.Dead {
-			deadCount++
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event is dead after its last attempt",
 				slog.String("worker", w.owner), slog.String("message_id", f.Message.ID),
 				slog.String("event_type", f.Message.EventType), slog.Int("attempts", f.Message.Attempt),
 				slog.Any("error", f.Err))
+			continue
 		}
+		retried++
 	}
-	if retried := len(failed) - deadCount; retried > 0 {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: publish failed, events will be retried",
-			slog.String("worker", w.owner), slog.Int("events", retried), slog.Any("error", failed[0].Err))
+	if retried > 0 {
+		var ids, types []string
+		for _, f := range o.failed {
+			if !f.Dead {
+				ids, types = append(ids, f.Message.ID), appendNew(types, f.Message.EventType)
+			}
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: publish refused, events will be retried",
+			slog.String("worker", w.owner), slog.Int("events", retried), slog.Any("message_ids", firstFew(ids)),
+			slog.Any("event_types", firstFew(types)), slog.Any("error", o.failed[0].Err))
 	}
+	if len(o.unsent) > 0 {
+		var ids, types []string
+		for _, f := range o.unsent {
+			ids, types = append(ids, f.Message.ID), appendNew(types, f.Message.EventType)
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the broker did not take the events; they are pending again, no attempt spent",
+			slog.String("worker", w.owner), slog.Int("events", len(o.unsent)), slog.Any("message_ids", firstFew(ids)),
+			slog.Any("event_types", firstFew(types)), slog.Any("error", o.unsent[0].Err))
+	}
+}
+
+func appendNew(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
 }
 
 func errorText(err error) string {
@@ -871,9 +901,6 @@ func errorText(err error) string {
 // no single statement locks much of the table; it returns how many it deleted. Pending and dead
 // events are never deleted.
 func (w *Worker) Cleanup(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if w.err != nil {
-		return 0, w.err
-	}
 	if olderThan < 0 {
 		return 0, fmt.Errorf("outboxplugin: Cleanup: %w: negative age %v", ErrInvalidOption, olderThan)
 	}
@@ -895,12 +922,23 @@ func (w *Worker) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 	}
 }
 
-// RequeueDead makes dead events pending again, with their attempts reset: those with the given
-// message ids, or every dead event when none is given. It returns how many it requeued.
+// RequeueDead makes the dead events with the given message ids pending again, with their attempts
+// reset, and returns how many it requeued (ids that are unknown, pending or processed are not). With
+// no ids it requeues nothing: RequeueAllDead requeues every dead event.
 func (w *Worker) RequeueDead(ctx context.Context, messageIDs ...string) (int64, error) {
-	if w.err != nil {
-		return 0, w.err
+	if len(messageIDs) == 0 {
+		return 0, nil
 	}
+	return w.requeue(ctx, messageIDs)
+}
+
+// RequeueAllDead makes every dead event of the table pending again, with its attempts reset, and
+// returns how many it requeued.
+func (w *Worker) RequeueAllDead(ctx context.Context) (int64, error) {
+	return w.requeue(ctx, nil)
+}
+
+func (w *Worker) requeue(ctx context.Context, messageIDs []string) (int64, error) {
 	n, err := w.sql.requeue(ctx, messageIDs)
 	if err != nil {
 		return n, fmt.Errorf("outboxplugin: requeue dead events: %w", err)
@@ -908,3 +946,20 @@ func (w *Worker) RequeueDead(ctx context.Context, messageIDs ...string) (int64, 
 	w.Wake()
 	return n, nil
 }
+
+// checkTable fails Run at once when the outbox table is missing or lacks a column the relay uses,
+// instead of logging a failed claim every few seconds for ever. A database that does not answer is
+// not such a failure: Run then starts, and retries as it does for any database error.
+func (w *Worker) checkTable(ctx context.Context) error {
+	rows, err := w.sql.db.QueryContext(ctx, `SELECT `+relayColumns+` FROM `+w.sql.table+` WHERE 1 = 0`)
+	if err == nil {
+		return rows.Close()
+	}
+	if ctx.Err() != nil || w.sql.db.PingContext(ctx) != nil {
+		return nil
+	}
+	return fmt.Errorf("outboxplugin: the outbox table %s is missing or lacks columns the relay needs; create it with outboxplugin.AutoMigrate(db) (or migrate OutboxEvent into it): %w", w.cfg.table, err)
+}
+
+// relayColumns are all the columns the relay reads or writes.
+const relayColumns = returnedColumns + ", processed, processed_at, next_attempt_at, last_error, dead_at, locked_by, locked_until"

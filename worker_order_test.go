@@ -163,7 +163,7 @@ func TestKeyOrderingWithPoisonKey(t *testing.T) {
 		pub.mu.Lock()
 		pub.poisoned = false
 		pub.mu.Unlock()
-		_, err := w.RequeueDead(context.Background())
+		_, err := w.RequeueAllDead(context.Background())
 		require.NoError(t, err)
 		drain := newWorker(t, db, pub, outboxplugin.WithKeyOrdering())
 		for i := 0; i < 10 && len(pub.publishedOf(pub.poisonKey)) < 5; i++ {

@@ -146,35 +146,58 @@ func TestWorkerShutdownHandsBackBatchClaimedAhead(t *testing.T) {
 	})
 }
 
-// A lease shorter than two publish timeouts could run out while a batch claimed ahead waits for the
-// one before it: such a worker claims one batch at a time.
-func TestWorkerDoesNotClaimAheadWithShortLease(t *testing.T) {
+// A publish that outlasts the lease keeps its rows: the worker renews the lease while it holds them,
+// the batch claimed ahead included, so another worker claims none of them meanwhile and nothing is
+// published twice.
+func TestWorkerRenewsTheLeaseWhilePublishing(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
-		users := make([]User, 20)
-		require.NoError(t, db.Create(&users).Error)
-
-		var maxLeased int64
-		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
-			// Long enough for a claim ahead to show: it takes milliseconds.
-			for i := 0; i < 20; i++ {
-				maxLeased = max(maxLeased, leasedCount(t, db))
-				time.Sleep(10 * time.Millisecond)
-			}
-			return nil
-		})
-		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond),
-			outboxplugin.WithPublishTimeout(2*time.Second), outboxplugin.WithLease(3*time.Second))
-		for {
-			n, err := w.ProcessOnce(context.Background())
-			require.NoError(t, err)
-			if n == 0 {
-				break
-			}
-		}
 		require.NoError(t, db.Create(make([]User, 20)).Error)
-		runUntilDrained(t, db, w)
-		assert.Equal(t, int64(10), maxLeased)
+
+		var mu sync.Mutex
+		seen := map[string]int{}
+		slow := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
+			mu.Lock()
+			for _, m := range msgs {
+				seen[m.ID]++
+			}
+			mu.Unlock()
+			select { // three leases and a half
+			case <-time.After(3500 * time.Millisecond):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		lease := outboxplugin.MinLease
+		w := newWorker(t, db, slow, outboxplugin.WithBatchSize(10), outboxplugin.WithLease(lease), outboxplugin.WithoutListen())
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		require.Eventually(t, func() bool { return leasedCount(t, db) == 20 }, 10*time.Second, 10*time.Millisecond,
+			"a batch publishing and one claimed ahead")
+
+		other := newWorker(t, db, newRecorder(), outboxplugin.WithoutListen())
+		for i := 0; i < 3; i++ { // the first lease is long over after the first second
+			time.Sleep(lease)
+			n, err := other.ProcessOnce(context.Background())
+			require.NoError(t, err)
+			assert.Zero(t, n, "another worker takes none of the rows held")
+		}
+		require.Eventually(t, func() bool {
+			var n int64
+			require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", true).Count(&n).Error)
+			return n == 20
+		}, 30*time.Second, 20*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Len(t, seen, 20)
+		for id, n := range seen {
+			assert.Equal(t, 1, n, "event %s published once", id)
+		}
 	})
 }
 
@@ -271,16 +294,22 @@ func TestPostgresAsyncCommitStaysInTheRelaysTransactions(t *testing.T) {
 }
 
 // While the broker is down, Run backs off: neither new events nor wake-ups (a notification per commit
-// on PostgreSQL) make it try more often than its growing pause.
+// on PostgreSQL) make it try more often than its growing pause — and the outage spends no attempt.
 func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
-		var calls atomic.Int64
+		var calls, rounds atomic.Int64
 		down := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
 			calls.Add(1)
 			return errors.New("broker down")
 		})
-		w := newWorker(t, db, down, outboxplugin.WithPollInterval(20*time.Millisecond), outboxplugin.WithoutListen())
+		obs := &batchObserver{onBatch: func(r outboxplugin.BatchResult) {
+			if len(r.NotDelivered) > 0 {
+				rounds.Add(1)
+			}
+		}}
+		w := newWorker(t, db, down, outboxplugin.WithPollInterval(20*time.Millisecond), outboxplugin.WithoutListen(),
+			outboxplugin.WithObserver(obs))
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- w.Run(ctx) }()
@@ -296,8 +325,16 @@ func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
 		require.NoError(t, <-done)
 		// Pauses of 40, 80, 160, 320, 640 ms: about 6 tries in 1.2 s; without the back-off, one per
 		// commit (more than 100).
-		assert.LessOrEqual(t, calls.Load(), int64(10), "publish attempts while the broker was down")
-		assert.GreaterOrEqual(t, calls.Load(), int64(2))
+		assert.LessOrEqual(t, rounds.Load(), int64(10), "batches tried while the broker was down")
+		assert.GreaterOrEqual(t, rounds.Load(), int64(2))
+		// Each try is the batch, then halves and quarters of it looking for a message at fault: at
+		// most splitBudget (7) calls, all failing fast.
+		assert.LessOrEqual(t, calls.Load(), 7*rounds.Load(), "calls per batch tried")
+		for _, e := range loadEvents(t, db) {
+			assert.Zero(t, e.Attempts, "an outage spends no attempt")
+			assert.Nil(t, e.LockedBy)
+			assert.Nil(t, e.DeadAt)
+		}
 	})
 }
 

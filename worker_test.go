@@ -69,7 +69,9 @@ func outboxRow(t testing.TB, db *gorm.DB, messageID string) outboxplugin.OutboxE
 
 func newWorker(t testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
 	t.Helper()
-	return outboxplugin.NewWorker(db, pub, append([]outboxplugin.WorkerOption{outboxplugin.WithLogger(quietLogger)}, opts...)...)
+	w, err := outboxplugin.NewWorker(db, pub, append([]outboxplugin.WorkerOption{outboxplugin.WithLogger(quietLogger)}, opts...)...)
+	require.NoError(t, err)
+	return w
 }
 
 func TestWorkerPublishesInOrderAndMarksProcessed(t *testing.T) {
@@ -149,8 +151,8 @@ func TestWorkerDeleteOnPublish(t *testing.T) {
 	})
 }
 
-// A worker's batch fails as a whole: every event is retried after a backoff, and becomes dead after
-// the last attempt; requeueing brings it back.
+// The broker refuses an event: it is retried after a backoff, and becomes dead after the last
+// attempt; requeueing brings it back.
 func TestWorkerRetriesWithBackoffThenDead(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
@@ -166,7 +168,7 @@ func TestWorkerRetriesWithBackoffThenDead(t *testing.T) {
 			defer mu.Unlock()
 			calls++
 			if failing {
-				return brokerDown
+				return fmt.Errorf("refused: %w", &outboxplugin.PublishError{Failed: map[string]error{msgs[0].ID: brokerDown}})
 			}
 			return nil
 		})
@@ -456,28 +458,27 @@ func TestWorkerShutdown(t *testing.T) {
 func TestWorkerInvalidOptions(t *testing.T) {
 	db := openDB(t, dialects[0], nil)
 	pub := newRecorder()
-	cases := map[string]*outboxplugin.Worker{
-		"batch size":   outboxplugin.NewWorker(db, pub, outboxplugin.WithBatchSize(0)),
-		"poll":         outboxplugin.NewWorker(db, pub, outboxplugin.WithPollInterval(0)),
-		"lease":        outboxplugin.NewWorker(db, pub, outboxplugin.WithLease(time.Second), outboxplugin.WithPublishTimeout(2*time.Second)),
-		"attempts":     outboxplugin.NewWorker(db, pub, outboxplugin.WithMaxAttempts(0)),
-		"nil policy":   outboxplugin.NewWorker(db, pub, outboxplugin.WithRetryPolicy(nil)),
-		"table":        outboxplugin.NewWorker(db, pub, outboxplugin.WithTable("x;y")),
-		"nil db":       outboxplugin.NewWorker(nil, pub),
-		"nil pub":      outboxplugin.NewWorker(db, nil),
-		"nil logger":   outboxplugin.NewWorker(db, pub, outboxplugin.WithLogger(nil)),
-		"nil observer": outboxplugin.NewWorker(db, pub, outboxplugin.WithObserver(nil)),
+	cases := map[string]struct {
+		db   *gorm.DB
+		pub  outboxplugin.Publisher
+		opts []outboxplugin.WorkerOption
+	}{
+		"batch size":   {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithBatchSize(0)}},
+		"poll":         {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithPollInterval(0)}},
+		"lease":        {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithLease(time.Second / 2)}},
+		"attempts":     {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithMaxAttempts(0)}},
+		"nil policy":   {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithRetryPolicy(nil)}},
+		"table":        {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithTable("x;y")}},
+		"nil db":       {nil, pub, nil},
+		"nil pub":      {db, nil, nil},
+		"nil logger":   {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithLogger(nil)}},
+		"nil observer": {db, pub, []outboxplugin.WorkerOption{outboxplugin.WithObserver(nil)}},
 	}
-	for name, w := range cases {
+	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, err := w.ProcessOnce(context.Background())
-			require.Error(t, err)
-			if name != "table" {
-				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
-			}
-			assert.Error(t, w.Run(context.Background()))
-			_, err = w.Cleanup(context.Background(), time.Hour)
-			assert.Error(t, err)
+			w, err := outboxplugin.NewWorker(c.db, c.pub, c.opts...)
+			assert.Nil(t, w, "no worker to start by mistake")
+			assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
 		})
 	}
 }
@@ -577,8 +578,9 @@ func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
 func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
-// A broker that hangs costs one publish timeout: the batch then counts as failed, its rows are free
-// again (no lease, no lock held), and the failure is logged once for the batch, not once per event.
+// A broker that hangs costs one publish timeout: the batch then counts as not delivered, its rows are
+// pending again (no lease, no lock held, the attempt given back: a timeout says nothing about the
+// messages), and the failure is logged once for the batch, not once per event.
 func TestPublishTimeout(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
@@ -588,7 +590,8 @@ func TestPublishTimeout(t *testing.T) {
 			return ctx.Err()
 		})
 		logs := &countingHandler{counts: map[slog.Level]int{}}
-		w := outboxplugin.NewWorker(db, hanging, outboxplugin.WithPublishTimeout(200*time.Millisecond), outboxplugin.WithLogger(slog.New(logs)))
+		w, err := outboxplugin.NewWorker(db, hanging, outboxplugin.WithPublishTimeout(200*time.Millisecond), outboxplugin.WithLogger(slog.New(logs)))
+		require.NoError(t, err)
 		start := time.Now()
 		n, err := w.ProcessOnce(context.Background())
 		require.NoError(t, err)
@@ -596,7 +599,8 @@ func TestPublishTimeout(t *testing.T) {
 		assert.Less(t, time.Since(start), 5*time.Second)
 		for _, e := range loadEvents(t, db) {
 			assert.Nil(t, e.LockedBy)
-			assert.Equal(t, 1, e.Attempts)
+			assert.Zero(t, e.Attempts, "no attempt spent")
+			assert.Nil(t, e.NextAttemptAt, "due again at once")
 			require.NotNil(t, e.LastError)
 			assert.Contains(t, *e.LastError, "deadline exceeded")
 		}

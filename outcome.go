@@ -1,0 +1,246 @@
+package outboxplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// What a publish says about each message, and what the worker then does with its row.
+//
+// A publisher answers for a batch: nil (every message taken), a *PublishError naming the messages the
+// broker refused, or another error. Only a refusal says something about a message; an error that
+// names none (connection refused, a timeout, broker unavailable) says the broker was not there, and
+// spends no attempt: the rows go back to pending as they were, and Run backs off. But an error that
+// names none may also be one message making the publisher fail its whole batch (too large, say).
+// So a batch that fails whole is split in halves, and the halves published; once the broker has
+// taken any message of the batch it is known to be up, and the splitting goes on until each message
+// that still fails stands alone — a refusal of that message. While it has taken none, splitting
+// stops after splitBudget calls: an outage costs a few fast-failing calls per batch, not one per
+// message.
+
+// deliveryKind is what became of one message of a publish.
+type deliveryKind uint8
+
+const (
+	delivered deliveryKind = iota // the broker took it
+	refused                       // the broker refused it, or it failed alone while the broker took others
+	unsent                        // it failed with its batch, and nothing says it was the message's fault
+)
+
+// delivery is the outcome of one message of a publish.
+type delivery struct {
+	kind deliveryKind
+	err  error
+}
+
+// splitBudget is how many calls a batch may fail as a whole, naming no message, while the broker has
+// taken none of it, before the worker takes the broker for down: the whole batch and two levels of
+// halves, which isolate up to three poison messages in most batches.
+const splitBudget = 7
+
+// deliver publishes msgs within one publish timeout and returns the outcome of each. unknownIDs are
+// the ids a *PublishError named that were not in the call's messages (they are ignored).
+func (w *Worker) deliver(ctx context.Context, msgs []Message) (out []delivery, unknownIDs []string) {
+	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
+	defer cancel()
+	return splitPublish(pctx, msgs, w.call)
+}
+
+// splitPublish is deliver's algorithm, with the publisher call as a parameter (tests drive it with
+// scripted publishers).
+func splitPublish(ctx context.Context, msgs []Message, call func(context.Context, []Message) error) (out []delivery, unknownIDs []string) {
+	out = make([]delivery, len(msgs))
+	type span struct{ lo, hi int }
+	queue := []span{{0, len(msgs)}}
+	var (
+		took       bool  // the broker took at least one message of the batch
+		wholeFails int   // calls that failed whole, naming no message, while took was false
+		alone      []int // messages that failed whole, alone
+		lastErr    error
+	)
+	for len(queue) > 0 {
+		s := queue[0]
+		queue = queue[1:]
+		if ctx.Err() != nil || (!took && wholeFails >= splitBudget) {
+			markUnsent(out[s.lo:s.hi], cmpErr(ctx.Err(), lastErr))
+			continue
+		}
+		part := msgs[s.lo:s.hi]
+		err := call(ctx, part)
+		if err == nil {
+			took = true
+			continue
+		}
+		var partial *PublishError
+		if errors.As(err, &partial) {
+			named, unknown := 0, []string(nil)
+			for id, ferr := range partial.Failed {
+				i := indexOfMessage(part, id)
+				if i < 0 {
+					unknown = append(unknown, id)
+					continue
+				}
+				if ferr == nil {
+					ferr = err
+				}
+				kind := refused
+				if errors.Is(ferr, ErrBrokerUnavailable) {
+					kind = unsent
+				}
+				out[s.lo+i] = delivery{kind: kind, err: ferr}
+				named++
+			}
+			unknownIDs = append(unknownIDs, unknown...)
+			if named > 0 {
+				if named < len(part) {
+					took = true
+				}
+				if refusedAny(out[s.lo:s.hi]) {
+					took = true // the broker answered for a message: it is up
+				}
+				continue
+			}
+			// A PublishError that names no message of the call is a failure of the whole call.
+		}
+		lastErr = err
+		if !took {
+			wholeFails++
+		}
+		if ctx.Err() != nil || errors.Is(err, ErrBrokerUnavailable) {
+			// The publish timeout (or shutdown) cut the call short, or the publisher says the broker
+			// is not there: that says nothing of the messages, and splitting would not either.
+			markUnsent(out[s.lo:s.hi], err)
+			continue
+		}
+		if len(part) == 1 {
+			out[s.lo] = delivery{kind: unsent, err: err}
+			alone = append(alone, s.lo)
+			continue
+		}
+		mid := s.lo + len(part)/2
+		queue = append(queue, span{s.lo, mid}, span{mid, s.hi})
+	}
+	if took {
+		// The broker was up: a message that failed alone was refused.
+		for _, i := range alone {
+			out[i].kind = refused
+		}
+	}
+	return out, unknownIDs
+}
+
+func cmpErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return errors.New("not published")
+}
+
+func refusedAny(out []delivery) bool {
+	for _, d := range out {
+		if d.kind == refused {
+			return true
+		}
+	}
+	return false
+}
+
+func markUnsent(out []delivery, err error) {
+	for i := range out {
+		if out[i].kind == delivered {
+			out[i] = delivery{kind: unsent, err: err}
+		}
+	}
+}
+
+func indexOfMessage(msgs []Message, id string) int {
+	for i := range msgs {
+		if msgs[i].ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// outcome is what the worker writes for a batch after its publish.
+type outcome struct {
+	done     []claimedRow    // published: processed (or deleted)
+	retries  []retryGroup    // refused, with attempts left: pending again at their next time
+	dead     []deadRow       // refused at their last attempt
+	released []releasedRow   // not delivered (outage, or shutdown): pending again, the attempt given back
+	failed   []FailedMessage // refused, for BatchResult, in batch order
+	unsent   []FailedMessage // not delivered (not at shutdown), for BatchResult
+	stopped  int             // released because the worker was stopping
+	// outage: the broker took none of the batch and refused none of it.
+	outage bool
+}
+
+type retryGroup struct {
+	ids  []int64
+	next time.Time
+	err  string
+}
+
+type deadRow struct {
+	id  int64
+	err string
+}
+
+type releasedRow struct {
+	id  int64
+	err string // the last error to record; empty keeps the one there
+}
+
+// decide turns a batch's deliveries into what to write. It is pure: rows and out are aligned, and
+// stopping says the worker is shutting down (a message not delivered is then handed back, whatever
+// the reason). Refused messages at attempt maxAttempts or more are dead; the others wait for
+// retry.Backoff(attempt), grouped so that messages that failed alike share one statement.
+func decide(rows []claimedRow, out []delivery, stopping bool, maxAttempts int, retry RetryPolicy, now time.Time) outcome {
+	var o outcome
+	groups := map[string]int{}
+	sent, refusedN := 0, 0
+	for i, r := range rows {
+		d := out[i]
+		switch {
+		case d.kind == delivered:
+			o.done = append(o.done, r)
+			sent++
+		case stopping:
+			o.released = append(o.released, releasedRow{id: r.id})
+			o.stopped++
+		case d.kind == unsent:
+			o.released = append(o.released, releasedRow{id: r.id, err: errorText(d.err)})
+			o.unsent = append(o.unsent, FailedMessage{Message: r.msg, Err: d.err})
+		case r.msg.Attempt >= maxAttempts:
+			refusedN++
+			o.dead = append(o.dead, deadRow{id: r.id, err: errorText(d.err)})
+			o.failed = append(o.failed, FailedMessage{Message: r.msg, Err: d.err, Dead: true})
+		default:
+			refusedN++
+			msg := errorText(d.err)
+			key := strconv.Itoa(r.msg.Attempt) + "\x00" + msg
+			g, ok := groups[key]
+			if !ok {
+				g = len(o.retries)
+				groups[key] = g
+				o.retries = append(o.retries, retryGroup{next: now.Add(retry.Backoff(r.msg.Attempt)), err: msg})
+			}
+			o.retries[g].ids = append(o.retries[g].ids, r.id)
+			o.failed = append(o.failed, FailedMessage{Message: r.msg, Err: d.err, NextAttempt: o.retries[g].next})
+		}
+	}
+	o.outage = !stopping && sent == 0 && refusedN == 0 && len(o.released) > 0
+	return o
+}
+
+// errNotFinished is the last error of an event given up on at claim: it has had its maximum of
+// deliveries, and the last of them recorded no outcome — the publish killed the process, or the process
+// died meanwhile (or the maximum was lowered since).
+func errNotFinished(attempts int) error {
+	return fmt.Errorf("outboxplugin: gave up after %d deliveries that did not finish", attempts)
+}
