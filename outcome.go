@@ -93,7 +93,9 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 				out[s.lo+i] = delivery{kind: kind, err: ferr}
 				named++
 			}
-			unknownIDs = append(unknownIDs, unknown...)
+			for _, id := range unknown {
+				unknownIDs = appendNew(unknownIDs, id)
+			}
 			if named > 0 {
 				if named < len(part) {
 					took = true
