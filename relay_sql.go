@@ -49,7 +49,17 @@ type relaySQL struct {
 }
 
 // returnedColumns are the columns a claim reads back, in scan order.
-const returnedColumns = "id, message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, attempts"
+const returnedColumns = "id, message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, attempts, last_error"
+
+// unfinishedDelivery is the last error a claim stamps on a row it takes over from an expired lease:
+// the delivery that lease was for never recorded an outcome (its relay died, or stalled past its
+// lease). The claim reads it back to tell such rows — which may be the event that killed the relay —
+// from the rest; see Worker.isolateUnfinished.
+const unfinishedDelivery = "outboxplugin: an earlier delivery did not finish (its relay died or lost its lease)"
+
+// stampUnfinished sets last_error to unfinishedDelivery on a row whose lease ran out. It comes first
+// in the claim's SET list: MySQL evaluates assignments left to right, so locked_by is still the old one.
+const stampUnfinished = `last_error = CASE WHEN locked_by IS NOT NULL THEN '` + unfinishedDelivery + `' ELSE last_error END, `
 
 func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*relaySQL, error) {
 	dialect := db.Dialector.Name()
@@ -95,11 +105,14 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 	// with it written out, the prepared claim is planned once per connection.
 	pick := `SELECT c.id FROM ` + q.table + ` c WHERE ` + pending + ` ORDER BY c.created_at, c.id LIMIT ` +
 		strconv.Itoa(batchSize) + ` ` + lock
-	stamp := `UPDATE ` + q.table + ` SET locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
+	stamp := `UPDATE ` + q.table + ` SET ` + stampUnfinished + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
 
 	switch dialect {
 	case "mysql":
-		q.claimSelect = strings.Replace(pick, "SELECT c.id", "SELECT "+prefixColumns("c.", returnedColumns), 1)
+		// Read before the stamp: the unfinished-delivery mark as the stamp will set it.
+		cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
+			`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END`, 1)
+		q.claimSelect = strings.Replace(pick, "SELECT c.id", "SELECT "+cols, 1)
 		q.claimStamp = stamp // + id IN (...)
 	case "postgres":
 		// The rows are addressed by ctid, taken under the lock the subquery holds: a TID scan
@@ -211,6 +224,9 @@ type claimedRow struct {
 	// undecodable: the row's headers or creation time could not be read (a row written by hand
 	// with raw SQL); the worker buries it as dead instead of failing the whole claim.
 	undecodable error
+	// unfinished: the claim took the row over from an expired lease, whose delivery recorded no
+	// outcome.
+	unfinished bool
 }
 
 // pickArgs are the values of the pick subquery's placeholders, in text order.
@@ -311,6 +327,7 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool)
 		payload, headers []byte
 		created          any
 		attempts         int
+		lastError        sql.NullString
 		dest             []any
 	)
 	for rows.Next() {
@@ -324,7 +341,7 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool)
 		r := &out[len(out)-1]
 		m := &r.msg
 		payload, headers, created = nil, nil, nil
-		dest = append(dest[:0], &r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts)
+		dest = append(dest[:0], &r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError)
 		if withCtid {
 			dest = append(dest, &r.ctid)
 		}
@@ -345,6 +362,7 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool)
 		}
 		m.Key = messageKey(m.AggregateType, m.AggregateID)
 		m.Attempt = attempts + attemptOffset
+		r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -459,6 +477,21 @@ func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids [
 func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
 	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
 		[]any{lastError, now}, ids, ` AND locked_by = ?`, owner)
+	return err
+}
+
+// bury marks claimed rows dead before any delivery, giving back the attempt their claim counted.
+func (q *relaySQL) bury(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, attempts = attempts - 1, locked_by = NULL, locked_until = NULL WHERE `,
+		[]any{lastError, now}, ids, ` AND locked_by = ?`, owner)
+	return err
+}
+
+// postpone gives rows back to be claimed again at once, their claim's attempt given back, but still
+// stamped with owner: they stay marked as taken over from an unfinished delivery.
+func (q *relaySQL) postpone(ctx context.Context, ex execer, owner string, ids []int64, expired time.Time) error {
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET locked_until = ?, attempts = attempts - 1 WHERE `,
+		[]any{expired}, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 

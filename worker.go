@@ -620,7 +620,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
 	c.res.Claimed = len(rows)
-	rows = w.buryUnpublishable(ctx, rows)
+	rows = w.isolateUnfinished(ctx, w.buryUnpublishable(ctx, rows))
 	c.rows = rows
 	if len(rows) == 0 {
 		return c, nil
@@ -658,7 +658,7 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 		} else {
 			err = errNotFinished(r.msg.Attempt - 1)
 		}
-		if merr := w.sql.markDead(fctx, w.sql.db, w.owner, []int64{r.id}, errorText(err), now); merr != nil {
+		if merr := w.sql.bury(fctx, w.sql.db, w.owner, []int64{r.id}, errorText(err), now); merr != nil {
 			// It stays leased, and is claimed — and buried — again when the lease runs out.
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unpublishable event dead",
 				slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", merr))
@@ -670,6 +670,48 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 		w.cfg.observer.Dead(ctx, r.msg, err)
 	}
 	return good
+}
+
+// isolateUnfinished narrows a claimed batch that took over rows whose delivery never finished — one
+// of them may be an event whose publish kills the relay — to the oldest such row, published alone.
+// The other such rows are postponed (claimable at once, their attempt given back, still marked as
+// unfinished) and the rest handed back, for the next claims to take. So a crash counts an attempt
+// against one event only: an event that keeps killing relays reaches its maximum alone and is buried,
+// while its batch-mates go out one per claim meanwhile, instead of dying with it.
+func (w *Worker) isolateUnfinished(ctx context.Context, rows []claimedRow) []claimedRow {
+	first := slices.IndexFunc(rows, func(r claimedRow) bool { return r.unfinished })
+	if first < 0 || len(rows) == 1 {
+		return rows // the usual case
+	}
+	var postponed, released []int64
+	for i, r := range rows {
+		switch {
+		case i == first:
+		case r.unfinished:
+			postponed = append(postponed, r.id)
+		default:
+			released = append(released, r.id)
+		}
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	err := w.sql.inTx(fctx, func(tx *sql.Tx) error {
+		if len(postponed) > 0 {
+			if err := w.sql.postpone(fctx, tx, w.owner, postponed, time.Unix(0, 0).UTC()); err != nil {
+				return err
+			}
+		}
+		if len(released) > 0 {
+			return w.sql.release(fctx, tx, w.owner, released, "")
+		}
+		return nil
+	})
+	if err != nil {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not set aside events taken over from an unfinished delivery; publishing them together",
+			slog.String("worker", w.owner), slog.Int("events", len(rows)), slog.Any("error", err))
+		return rows
+	}
+	return rows[first : first+1]
 }
 
 // unpublishable: the row cannot be read, or this claim is one delivery more than the maximum (every
@@ -962,4 +1004,4 @@ func (w *Worker) checkTable(ctx context.Context) error {
 }
 
 // relayColumns are all the columns the relay reads or writes.
-const relayColumns = returnedColumns + ", processed, processed_at, next_attempt_at, last_error, dead_at, locked_by, locked_until"
+const relayColumns = returnedColumns + ", processed, processed_at, next_attempt_at, dead_at, locked_by, locked_until"

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +62,7 @@ const (
 	chaosEnvRetryBase      = "CHAOS_RETRY_BASE"      // relay: base of an exponential backoff without jitter
 	chaosEnvPoisonID       = "CHAOS_POISON_ID"       // relay: message id the publisher refuses...
 	chaosEnvPoisonGate     = "CHAOS_POISON_GATE"     // relay: ...until this file exists
+	chaosEnvKillerID       = "CHAOS_KILLER_ID"       // relay: message id whose publish SIGKILLs the relay
 	chaosEnvSeed           = "CHAOS_SEED"            // writer: seed of its random choices
 )
 
@@ -336,7 +338,7 @@ func chaosRelay(ctx context.Context, db *gorm.DB, hold *atomic.Bool) error {
 	}
 	defer inner.Close()
 	pub := &chaosPublisher{inner: inner, hold: hold,
-		poisonID: os.Getenv(chaosEnvPoisonID), poisonGate: os.Getenv(chaosEnvPoisonGate)}
+		poisonID: os.Getenv(chaosEnvPoisonID), poisonGate: os.Getenv(chaosEnvPoisonGate), killerID: os.Getenv(chaosEnvKillerID)}
 
 	opts := []outboxplugin.WorkerOption{
 		outboxplugin.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
@@ -375,7 +377,10 @@ func chaosRelay(ctx context.Context, db *gorm.DB, hold *atomic.Bool) error {
 	if os.Getenv(chaosEnvKeyOrdering) == "1" {
 		opts = append(opts, outboxplugin.WithKeyOrdering())
 	}
-	w := outboxplugin.NewWorker(db, pub, opts...)
+	w, err := outboxplugin.NewWorker(db, pub, opts...)
+	if err != nil {
+		return err
+	}
 	chaosSay("READY", w.Owner())
 	return w.Run(ctx)
 }
@@ -386,16 +391,25 @@ var errChaosPoison = errors.New("chaos: poison event refused")
 // chaosPublisher wraps the Redis publisher. It announces every accepted batch on standard output
 // (PUBLISHED) before returning, that is before the worker marks it; on the parent's "hold" it then
 // waits there (HELD) to be killed. With a poison message id, it refuses that message (and publishes
-// the rest of its batch) until the gate file exists.
+// the rest of its batch) until the gate file exists. With a killer message id, a batch holding that
+// message kills the process, as an out-of-memory kill or a crash in a cgo client would.
 type chaosPublisher struct {
 	inner      outboxplugin.Publisher
 	hold       *atomic.Bool
 	poisonID   string
 	poisonGate string
+	killerID   string
 }
 
 // Publish implements outboxplugin.Publisher.
 func (p *chaosPublisher) Publish(ctx context.Context, msgs []outboxplugin.Message) error {
+	if p.killerID != "" && slices.ContainsFunc(msgs, func(m outboxplugin.Message) bool { return m.ID == p.killerID }) {
+		chaosSay("KILLED_BY", p.killerID)
+		if self, err := os.FindProcess(os.Getpid()); err == nil {
+			_ = self.Kill() // SIGKILL: no deferred function, no mark, no log line
+		}
+		select {} // the signal is on its way
+	}
 	failed := map[string]error{}
 	send := msgs
 	if p.poisonID != "" {
