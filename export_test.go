@@ -1,5 +1,10 @@
 package outboxplugin
 
+import (
+	"context"
+	"time"
+)
+
 // UseInsertStrategy makes p write events with the named strategy ("values" or "unnest"), so that
 // benchmarks can compare them on one database.
 func UseInsertStrategy(p *Plugin, name string) {
@@ -16,3 +21,23 @@ func UseInsertStrategy(p *Plugin, name string) {
 // the way it does where the database has no RETURNING (MySQL, SQLite before 3.35), so that tests run
 // that path on every database.
 func UseLockedWrites(p *Plugin) { p.lockedWrites = true }
+
+// HoldCleanupLock takes the table's cleanup lock as w's periodic cleanup does, on a connection of its
+// own, and returns the function that lets go of it; got is false when another holds it.
+func HoldCleanupLock(ctx context.Context, w *Worker) (release func(), got bool, err error) {
+	conn, err := w.sql.db.Conn(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	unlock, got, err := w.sql.tryCleanupLock(ctx, conn)
+	if err != nil || !got {
+		_ = conn.Close()
+		return nil, got, err
+	}
+	return func() { unlock(); _ = conn.Close() }, true, nil
+}
+
+// CleanupTurn is one turn of Run's periodic cleanup: ran is false when another relay held the lock.
+func CleanupTurn(ctx context.Context, w *Worker, olderThan time.Duration) (deleted int64, ran bool, err error) {
+	return w.cleanupOnce(ctx, olderThan, true)
+}

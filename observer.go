@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// Observer receives what the worker does, for metrics, tracing and alerting. Its methods are called
-// from the worker's goroutine and must return quickly. Embed NopObserver to implement only some.
+// Observer receives what the worker does, for metrics, tracing and alerting. Its methods must return
+// quickly and be safe for concurrent use: BatchDone and Dead are called from Run's loop, Backlog from
+// the maintenance goroutine beside it. Embed NopObserver to implement only some.
 type Observer interface {
 	// BatchDone is called after each batch that claimed at least one event.
 	BatchDone(ctx context.Context, r BatchResult)

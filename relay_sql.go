@@ -542,13 +542,13 @@ func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []i
 // cleanupChunk deletes up to limit processed rows created before cutoff. The predicate spells
 // processed = true out for the partial (processed, created_at) index; MySQL takes LIMIT on DELETE
 // but not in a subquery of the table it deletes from.
-func (q *relaySQL) cleanupChunk(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
+func (q *relaySQL) cleanupChunk(ctx context.Context, ex execer, cutoff time.Time, limit int) (int64, error) {
 	query := `DELETE FROM ` + q.table + ` WHERE id IN (SELECT id FROM ` + q.table +
 		` WHERE processed = true AND created_at < ? LIMIT ?)`
 	if q.dialect == "mysql" {
 		query = `DELETE FROM ` + q.table + ` WHERE processed = true AND created_at < ? LIMIT ?`
 	}
-	res, err := q.db.ExecContext(ctx, q.bind(query), cutoff, limit)
+	res, err := ex.ExecContext(ctx, q.bind(query), cutoff, limit)
 	if err != nil {
 		return 0, err
 	}

@@ -186,7 +186,10 @@ func WithDeleteOnPublish() WorkerOption {
 }
 
 // WithCleanup makes Run delete processed events older than the retention (WithRetention, default 7
-// days) every interval, in bounded batches.
+// days) every interval, beside its publishing loop (never delaying a claim), in chunks of 1000 rows
+// with a pause after each as long as the chunk took. With several relays on one table, one cleans at a
+// time (a database lock of PostgreSQL's and MySQL's own; the others skip their turn). Retention counts
+// from created_at: see docs/relay.md, "Cleanup".
 func WithCleanup(every time.Duration) WorkerOption {
 	return func(c *workerConfig) error {
 		if every <= 0 {
@@ -358,11 +361,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { stop(); <-done }()
 	defer w.keepLeases(context.WithoutCancel(ctx))()
 
+	maintained := make(chan struct{})
+	go func() {
+		defer close(maintained)
+		w.maintain(runCtx)
+	}()
+	defer func() { stop(); <-maintained }()
+
 	var (
-		failures    int
-		nextCleanup = time.Now().Add(w.cfg.cleanupEvery)
-		nextBacklog = time.Now()
-		carried     *carriedBatch // published, to be marked done by the next claim
+		failures int
+		carried  *carriedBatch // published, to be marked done by the next claim
 		ahead       *claimedBatch // claimed while the batch before it was being published
 		pace        batchPace     // how long the latest batch took to claim and to publish
 	)
@@ -405,19 +413,6 @@ func (w *Worker) Run(ctx context.Context) error {
 			wait = 0 // more may be waiting
 		default:
 			failures = 0
-		}
-		now := time.Now()
-		if w.cfg.cleanupEvery > 0 && !now.Before(nextCleanup) {
-			nextCleanup = now.Add(w.cfg.cleanupEvery)
-			if _, err := w.Cleanup(ctx, w.cfg.retention); err != nil && ctx.Err() == nil {
-				w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: cleanup failed", slog.String("worker", w.owner), slog.Any("error", err))
-			}
-		}
-		if _, nop := w.cfg.observer.(NopObserver); !nop && !now.Before(nextBacklog) {
-			nextBacklog = now.Add(w.cfg.backlogEvery)
-			if pending, err := w.sql.backlog(ctx); err == nil {
-				w.cfg.observer.Backlog(ctx, pending)
-			}
 		}
 		if wait == 0 {
 			continue
@@ -937,31 +932,6 @@ func errorText(err error) string {
 		s = s[:maxLen]
 	}
 	return s
-}
-
-// Cleanup deletes processed events created more than olderThan ago, in batches of 1000 rows, so that
-// no single statement locks much of the table; it returns how many it deleted. Pending and dead
-// events are never deleted.
-func (w *Worker) Cleanup(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan < 0 {
-		return 0, fmt.Errorf("outboxplugin: Cleanup: %w: negative age %v", ErrInvalidOption, olderThan)
-	}
-	const chunk = 1000
-	cutoff := time.Now().UTC().Add(-olderThan)
-	var total int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		n, err := w.sql.cleanupChunk(ctx, cutoff, chunk)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("outboxplugin: cleanup: %w", err)
-		}
-		if n < chunk {
-			return total, nil
-		}
-	}
 }
 
 // RequeueDead makes the dead events with the given message ids pending again, with their attempts
