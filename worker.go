@@ -371,8 +371,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	var (
 		failures int
 		carried  *carriedBatch // published, to be marked done by the next claim
-		ahead       *claimedBatch // claimed while the batch before it was being published
-		pace        batchPace     // how long the latest batch took to claim and to publish
+		ahead    *claimedBatch // claimed while the batch before it was being published
+		pace     batchPace     // how long the latest batch took to claim and to publish
 	)
 	defer func() {
 		if ahead != nil {
