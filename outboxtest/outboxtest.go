@@ -101,13 +101,20 @@ func DrainWith(ctx context.Context, db *gorm.DB, pub outboxplugin.Publisher, n, 
 		outboxplugin.WithoutListen(),
 		outboxplugin.WithObserver(c),
 	}
+	ws := make([]*outboxplugin.Worker, workers)
+	for i := range ws {
+		w, err := outboxplugin.NewWorker(db, pub, append(base, opts...)...)
+		if err != nil {
+			return 0, fmt.Errorf("outboxtest: Drain: %w", err)
+		}
+		ws[i] = w
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i := 0; i < workers; i++ {
-		w := outboxplugin.NewWorker(db, pub, append(base, opts...)...)
+	for _, w := range ws {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

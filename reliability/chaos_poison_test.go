@@ -164,9 +164,12 @@ func poisonScenario(t *testing.T, dialect string) {
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	admin := outboxplugin.NewWorker(db, outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
+	admin, err := outboxplugin.NewWorker(db, outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
 		return errors.New("the test's worker only requeues")
 	}), outboxplugin.WithTable(poisonOutbox))
+	if err != nil {
+		t.Fatal(err)
+	}
 	requeuedAt := time.Now()
 	n, err := admin.RequeueDead(ctx, poisonID)
 	if err != nil || n != 1 {

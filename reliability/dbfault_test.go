@@ -65,7 +65,7 @@ func faultWorkers(tb testing.TB, pools []*gorm.DB, n int, ledger *faultLedger, l
 	tb.Helper()
 	workers := make([]*outboxplugin.Worker, n)
 	for i := range workers {
-		workers[i] = outboxplugin.NewWorker(pools[i%len(pools)], ledger,
+		w, err := outboxplugin.NewWorker(pools[i%len(pools)], ledger,
 			outboxplugin.WithTable(faultOutboxTable),
 			outboxplugin.WithBatchSize(faultBatch),
 			outboxplugin.WithPollInterval(faultPoll),
@@ -73,6 +73,10 @@ func faultWorkers(tb testing.TB, pools []*gorm.DB, n int, ledger *faultLedger, l
 			outboxplugin.WithLease(faultLease),
 			outboxplugin.WithLogger(slog.New(logs)),
 			outboxplugin.WithObserver(obs))
+		if err != nil {
+			tb.Fatalf("worker %d: %v", i, err)
+		}
+		workers[i] = w
 	}
 	return workers
 }
@@ -404,7 +408,7 @@ func TestLongWriteTransactionAtWorkerStartPostgres(t *testing.T) {
 		outboxplugin.WithPollInterval(faultPoll), outboxplugin.WithLogger(slog.New(logs)), outboxplugin.WithObserver(obs),
 	}
 	// A first worker creates the per-key index.
-	if _, err := outboxplugin.NewWorker(db, ledger, options...).ProcessOnce(ctx); err != nil {
+	if _, err := faultMustWorker(t, db, ledger, options...).ProcessOnce(ctx); err != nil {
 		t.Fatalf("first worker: %v", err)
 	}
 
@@ -419,7 +423,7 @@ func TestLongWriteTransactionAtWorkerStartPostgres(t *testing.T) {
 		t.Fatalf("the long transaction's write: %v", err)
 	}
 	heldAt := time.Now()
-	stopWorkers := faultRunWorkers(ctx, t, outboxplugin.NewWorker(db, ledger, options...))
+	stopWorkers := faultRunWorkers(ctx, t, faultMustWorker(t, db, ledger, options...))
 
 	const hold = 2 * time.Second
 	committed0, published0 := w.Committed(), obs.published.Load()

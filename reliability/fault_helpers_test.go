@@ -679,6 +679,17 @@ func faultDurations(ds []time.Duration) string {
 	return s[len(s)/2].Round(time.Millisecond).String() + "/" + s[len(s)-1].Round(time.Millisecond).String()
 }
 
+// faultMustWorker returns outboxplugin.NewWorker(db, pub, opts...), failing tb when that returns an
+// error.
+func faultMustWorker(tb testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
+	tb.Helper()
+	w, err := outboxplugin.NewWorker(db, pub, opts...)
+	if err != nil {
+		tb.Fatalf("new worker: %v", err)
+	}
+	return w
+}
+
 // faultRunWorkers runs one Run per worker until the returned stop is called; stop fails the test if a
 // Run returned before it was asked to, or with an error.
 func faultRunWorkers(ctx context.Context, tb testing.TB, workers ...*outboxplugin.Worker) (stop func()) {

@@ -7,6 +7,10 @@ package reliability_test
 //
 //   - nothing is lost: every event reaches the broker at least once (JetStream: exactly once, thanks to
 //     Nats-Msg-Id), every committed order has exactly one event, and no event exists without its order;
+//   - the outage costs no event an attempt: the publishers report what the cut broker did not get as not
+//     delivered (outboxplugin.ErrBrokerUnavailable), so the worker gives each such delivery its attempt
+//     back — no delivery is refused, no event is dead, and every event ends published on its first
+//     attempt;
 //   - the backlog drains after the broker returns, as soon as the retry backoff lets it: within the
 //     latest next-attempt time of the backlog at the restore plus a few seconds;
 //   - the worker backs off while the broker is down: its log lines stay at a few per second of outage,
@@ -23,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,14 +74,17 @@ func faultRunOutage(t *testing.T, b *faultOutageBroker) {
 	relayDB := faultOpenPostgres(t, "fault_outage_relay")
 
 	logs := faultNewLogCounter()
-	obs := &faultSuccess{}
+	obs := &faultOutageObserver{}
 	const batch = outboxplugin.DefaultBatchSize
 	// The worker runs with its defaults (poll 1 s, LISTEN wake-up, retry policy 1 s doubling to 5 min,
 	// publish timeout 30 s, lease 2 min): the backoff under test is the one users get.
-	worker := outboxplugin.NewWorker(relayDB, b.pub,
+	worker, err := outboxplugin.NewWorker(relayDB, b.pub,
 		outboxplugin.WithTable(faultOutboxTable),
 		outboxplugin.WithLogger(slog.New(logs)),
 		outboxplugin.WithObserver(obs))
+	if err != nil {
+		t.Fatal(err)
+	}
 	stopWorker := faultRunWorkers(ctx, t, worker)
 	writer := faultStartWriter(ctx, writerDB, 10*time.Millisecond)
 	defer writer.Stop()
@@ -178,11 +186,28 @@ func faultRunOutage(t *testing.T, b *faultOutageBroker) {
 		return err == nil && n == 0
 	})
 	stopWorker()
-	if obs.failed.Load() == 0 {
+	refused, notDelivered := obs.failed.Load(), obs.notDelivered.Load()
+	if refused+notDelivered == 0 {
 		t.Errorf("no delivery failed: the outage did not reach the publisher")
 	}
+	if refused > 0 {
+		t.Errorf("%d deliveries refused: the publisher took a cut connection for a refusal, and spent attempts on it", refused)
+	}
+	if n := obs.dead.Load(); n > 0 {
+		t.Errorf("%d events dead after an outage", n)
+	}
+	events := faultEvents(ctx, t, relayDB)
+	spent := 0
+	for _, e := range events {
+		if e.Attempts != 1 {
+			spent++
+		}
+	}
+	if spent > 0 {
+		t.Errorf("%d of %d events published with attempts other than 1: the outage spent attempts", spent, len(events))
+	}
 
-	delivered := b.delivered(ctx, t, len(faultEvents(ctx, t, relayDB)))
+	delivered := b.delivered(ctx, t, len(events))
 	tally := faultCheck(ctx, t, writerDB, writer, delivered)
 	_, inDoubt, lastErr := writer.Outcome()
 	if inDoubt > 0 {
@@ -199,12 +224,30 @@ func faultRunOutage(t *testing.T, b *faultOutageBroker) {
 	for _, r := range logsPerSec {
 		rate = max(rate, r)
 	}
+	// retried counts the failed deliveries the worker retried: refused (an attempt spent each) and
+	// not delivered (the attempt given back); spent, the events that needed more than one attempt.
 	t.Logf("FIGURES outage/%s events=%d orders=%d cuts=%d down=%v lost=%d phantoms=%d dup=%d inflight_bound=%d "+
-		"retried=%d backlog=%d drain=%s logs=%d logs_per_s=%.2f cpu_down=%.3f cpu_up=%.3f",
+		"retried=%d refused=%d not_delivered=%d spent=%d dead=%d backlog=%d drain=%s logs=%d logs_per_s=%.2f cpu_down=%.3f cpu_up=%.3f",
 		b.name, tally.Events, tally.Orders, len(downs), downTotal.Round(time.Millisecond), tally.Lost, tally.Phantoms,
-		tally.Duplicates, inFlight, obs.failed.Load(), backlogAtReturn, faultDurations(drains), logsTotal, rate,
-		maxCPUDown, maxCPUUp)
+		tally.Duplicates, inFlight, refused+notDelivered, refused, notDelivered, spent, obs.dead.Load(), backlogAtReturn,
+		faultDurations(drains), logsTotal, rate, maxCPUDown, maxCPUUp)
 }
+
+// faultOutageObserver is faultSuccess (its failed counts the refused deliveries, BatchResult.Failed)
+// that also counts the deliveries not made (BatchResult.NotDelivered, the attempt given back) and the
+// events given up on.
+type faultOutageObserver struct {
+	faultSuccess
+	notDelivered atomic.Int64
+	dead         atomic.Int64
+}
+
+func (o *faultOutageObserver) BatchDone(ctx context.Context, r outboxplugin.BatchResult) {
+	o.faultSuccess.BatchDone(ctx, r)
+	o.notDelivered.Add(int64(len(r.NotDelivered)))
+}
+
+func (o *faultOutageObserver) Dead(context.Context, outboxplugin.Message, error) { o.dead.Add(1) }
 
 // faultNATSURL is the NATS server: OUTBOX_NATS_URL or the local one.
 func faultNATSURL() string {

@@ -98,8 +98,9 @@ func run() error {
 	}
 
 	// The relay: a worker claims the committed events, hands them to a publisher in batches and
-	// marks them processed. A real application starts it with go worker.Run(ctx) and a broker
-	// publisher; here the publisher prints, and the worker runs until the outbox is drained.
+	// marks them processed. A real application runs worker.Run(ctx) in a goroutine, with a broker
+	// publisher, and handles the error Run returns; here the publisher prints, and the worker runs
+	// until the outbox is drained.
 	fmt.Println("\nrelay:")
 	printer := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
 		for _, m := range msgs {
@@ -107,7 +108,10 @@ func run() error {
 		}
 		return nil
 	})
-	worker := outboxplugin.NewWorker(db, printer, outboxplugin.WithBatchSize(5))
+	worker, err := outboxplugin.NewWorker(db, printer, outboxplugin.WithBatchSize(5))
+	if err != nil {
+		return err
+	}
 	for {
 		n, err := worker.ProcessOnce(context.Background())
 		if err != nil {

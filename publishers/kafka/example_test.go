@@ -29,7 +29,11 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := outboxplugin.NewWorker(db, pub).Run(ctx); err != nil {
+	worker, err := outboxplugin.NewWorker(db, pub)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := worker.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

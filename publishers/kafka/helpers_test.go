@@ -136,3 +136,13 @@ func headerMap(tb testing.TB, r *kgo.Record) map[string]string {
 	}
 	return m
 }
+
+// mustWorker returns outboxplugin.NewWorker(db, pub, opts...), failing tb when that returns an error.
+func mustWorker(tb testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
+	tb.Helper()
+	w, err := outboxplugin.NewWorker(db, pub, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return w
+}

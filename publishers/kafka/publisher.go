@@ -92,17 +92,24 @@ func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
 
 // Publish produces one record per message and waits until Kafka has acknowledged all of them or
 // ctx ends. It returns nil when every record was acknowledged, and an *outboxplugin.PublishError
-// naming the messages that failed otherwise: those Kafka or the client refused (the kgo error, such
-// as a kerr.Error, is wrapped) and, when ctx ended first, those not acknowledged by then (wrapping
-// ctx.Err()). A record reported failed on a deadline may still reach Kafka later; the worker then
-// publishes it again, which is a duplicate, never a loss.
+// naming the messages that failed otherwise, each with an error that wraps the kgo error (such as a
+// kerr.Error) or, for a record not acknowledged when ctx ended, ctx.Err(). A record reported failed
+// on a deadline may still reach Kafka later; the worker then publishes it again, which is a
+// duplicate, never a loss.
+//
+// The error of a record Kafka did not get — not acknowledged in time (ctx, kgo.ErrRecordTimeout),
+// its retries used up (kgo.ErrRecordRetries), a retriable broker error (kerr.IsRetriable: no leader,
+// not enough replicas, ...), a network error, a closed client — also wraps
+// outboxplugin.ErrBrokerUnavailable: the worker retries it without spending an attempt. The error
+// of a record Kafka or the client refused (MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED, a topic
+// that does not exist, no topic at all, ...) does not: its retry spends an attempt.
 //
 // The client retries lost connections and retriable broker errors by itself, within ctx; a broker
-// that stays away fails the batch when ctx ends, and a later Publish uses the reconnected client.
-// The records a client still holds for a partition when an earlier publish timed out fail with that
-// publish's context error once the broker answers (kgo never fails one record and sends a later one
-// of its partition); they are reported as failed "with an earlier record of its partition" and the
-// worker retries them.
+// that stays away fails the batch, as not delivered, when ctx ends, and a later Publish uses the
+// reconnected client. The records a client still holds for a partition when an earlier publish
+// timed out fail with that publish's context error once the broker answers (kgo never fails one
+// record and sends a later one of its partition); they are reported as not delivered "with an
+// earlier record of its partition" and the worker retries them.
 func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -214,7 +221,7 @@ func (b *pendingBatch) promise(i int) func(*kgo.Record, error) {
 }
 
 // failures returns nil when every record was acknowledged, or a PublishError with the error of each
-// message whose record was refused or, on ctxErr, not acknowledged yet.
+// message whose record failed or, on ctxErr, was not acknowledged yet.
 func (b *pendingBatch) failures(msgs []outboxplugin.Message, ctxErr error) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -226,16 +233,23 @@ func (b *pendingBatch) failures(msgs []outboxplugin.Message, ctxErr error) error
 		if failed == nil {
 			failed = make(map[string]error)
 		}
+		var err error
 		switch {
 		case res.err == nil: // not acknowledged yet: Publish stopped waiting because ctx ended
-			failed[msgs[i].ID] = fmt.Errorf("outboxkafka: topic %q: %w", res.topic, ctxErr)
+			err = fmt.Errorf("topic %q: %w", res.topic, ctxErr)
 		case ctxErr == nil && isContextErr(res.err):
 			// kgo fails every record buffered for a partition with the context error of the first,
 			// which belonged to an earlier publish that timed out.
-			failed[msgs[i].ID] = fmt.Errorf("outboxkafka: topic %q: failed with an earlier record of its partition: %w", res.topic, res.err)
+			err = fmt.Errorf("topic %q: failed with an earlier record of its partition: %w", res.topic, res.err)
 		default:
-			failed[msgs[i].ID] = fmt.Errorf("outboxkafka: topic %q: %w", res.topic, res.err)
+			err = fmt.Errorf("topic %q: %w", res.topic, res.err)
 		}
+		if unavailable(err) {
+			err = fmt.Errorf("outboxkafka: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
+		} else {
+			err = fmt.Errorf("outboxkafka: %w", err)
+		}
+		failed[msgs[i].ID] = err
 	}
 	return outboxplugin.FailedMessages(failed)
 }

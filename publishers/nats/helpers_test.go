@@ -130,3 +130,11 @@ func message(eventType, aggregateType, aggregateID string, payload string) outbo
 		Attempt:       1,
 	}
 }
+
+// mustWorker returns outboxplugin.NewWorker(db, pub, opts...), failing tb when that returns an error.
+func mustWorker(tb testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
+	tb.Helper()
+	w, err := outboxplugin.NewWorker(db, pub, opts...)
+	require.NoError(tb, err)
+	return w
+}

@@ -9,7 +9,12 @@
 //	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
 //	js, err := jetstream.New(nc)
 //	pub, err := outboxnats.New(js)
-//	go outboxplugin.NewWorker(db, pub).Run(ctx)
+//	worker, err := outboxplugin.NewWorker(db, pub)
+//	go func() {
+//		if err := worker.Run(ctx); err != nil {
+//			log.Fatal(err)
+//		}
+//	}()
 package outboxnats
 
 import (
@@ -95,11 +100,21 @@ func DefaultSubject(m outboxplugin.Message) string {
 
 // Publish publishes msgs asynchronously and waits for the stream's acknowledgement of each. It
 // returns nil when every message was stored (a duplicate the stream dropped by its Nats-Msg-Id
-// counts as stored), and an *outboxplugin.PublishError naming the messages that were not: refused
-// by the server, too large, without a stream to capture them, lost with the connection, or not yet
-// acknowledged when ctx ended. When the connection is down it fails the whole batch at once, without
-// waiting: the NATS client reconnects by itself (unless it gave up and closed) and a later call
-// publishes again.
+// counts as stored), and an *outboxplugin.PublishError naming the messages that were not. Their
+// errors say which of two kinds each failure is:
+//
+//   - the broker did not get the message — the connection was lost or closed, no acknowledgement
+//     came before ctx ended or the client's publish timeout, JetStream answered 503 (temporarily
+//     unavailable, out of resources): the error wraps outboxplugin.ErrBrokerUnavailable, and the
+//     worker retries the message without spending an attempt;
+//   - the server or the client refused it — too large, an invalid subject, no stream capturing its
+//     subject, a stream that refuses it (its limits with DiscardNew, WithExpectedStream): the error
+//     does not, and the retry spends an attempt, so that a message that can never be stored ends
+//     dead instead of being retried for ever.
+//
+// When the connection is down it fails the whole batch at once, without waiting, with an error
+// wrapping outboxplugin.ErrBrokerUnavailable: the NATS client reconnects by itself (unless it gave
+// up and closed) and a later call publishes again.
 func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -109,7 +124,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 	}
 	nc := p.js.Conn()
 	if err := connected(nc); err != nil {
-		return fmt.Errorf("outboxnats: publish: %w", err)
+		return fmt.Errorf("outboxnats: publish: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 	}
 
 	var failed map[string]error
@@ -117,7 +132,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		if failed == nil {
 			failed = make(map[string]error)
 		}
-		failed[id] = fmt.Errorf("outboxnats: %w", err)
+		if unavailable(err) {
+			failed[id] = fmt.Errorf("outboxnats: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
+		} else {
+			failed[id] = fmt.Errorf("outboxnats: %w", err)
+		}
 	}
 
 	futures := make([]jetstream.PubAckFuture, len(msgs))

@@ -60,7 +60,8 @@ func TestEndToEnd(t *testing.T) {
 	require.NoError(t, db.Order("id").Find(&events).Error)
 	require.Len(t, events, 3)
 
-	w := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen())
+	w, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen())
+	require.NoError(t, err)
 	n, err := w.ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
@@ -116,7 +117,7 @@ func TestDefaultSubject(t *testing.T) {
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 		return outboxplugin.Emit(tx, "Thing.happened", map[string]int{"n": 1}, outboxplugin.WithAggregate(aggregate, "7"))
 	}))
-	n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
+	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	got := readStream(t, stream, 1)
@@ -139,7 +140,7 @@ func TestDuplicateDropped(t *testing.T) {
 	events, err := outboxtest.Fill(ctx, db, 50, outboxtest.FillOptions{})
 	require.NoError(t, err)
 	for round := 0; round < 2; round++ {
-		n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
+		n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
 		require.NoError(t, err)
 		require.Equal(t, 50, n, "round %d", round)
 		// Forget the outcome, as a crash before it was recorded would.
@@ -195,6 +196,9 @@ func TestPartlyFailedBatch(t *testing.T) {
 	assert.ErrorIs(t, perr.Failed[msgs[1].ID], jetstream.ErrNoStreamResponse)
 	assert.ErrorIs(t, perr.Failed[msgs[2].ID], nats.ErrMaxPayload)
 	assert.ErrorIs(t, perr.Failed[msgs[3].ID], outboxnats.ErrInvalidSubject)
+	for id, err := range perr.Failed {
+		assert.NotErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "%s was refused, not lost", id)
+	}
 
 	got := readStream(t, stream, 2)
 	assert.Equal(t, msgs[0].ID, got[0].Headers().Get(jetstream.MsgIDHeader))
@@ -208,7 +212,7 @@ func TestPartlyFailedBatch(t *testing.T) {
 		}
 		return outboxplugin.Emit(tx, "lost", map[string]int{"n": 7})
 	}))
-	n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
+	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	var rows []outboxplugin.OutboxEvent
@@ -240,6 +244,11 @@ func TestExpectedStream(t *testing.T) {
 	var perr *outboxplugin.PublishError
 	require.ErrorAs(t, wrong.Publish(ctx, msgs), &perr)
 	assert.Len(t, perr.Failed, 2)
+	for _, m := range msgs {
+		var apiErr *jetstream.APIError
+		require.ErrorAs(t, perr.Failed[m.ID], &apiErr)
+		assert.NotErrorIs(t, perr.Failed[m.ID], outboxplugin.ErrBrokerUnavailable, "the stream refused it")
+	}
 	readStream(t, stream, 1)
 }
 
@@ -269,6 +278,7 @@ func TestContextDeadline(t *testing.T) {
 	require.ErrorAs(t, err, &perr)
 	require.Len(t, perr.Failed, 1)
 	assert.ErrorIs(t, perr.Failed[msgs[1].ID], context.DeadlineExceeded)
+	assert.ErrorIs(t, perr.Failed[msgs[1].ID], outboxplugin.ErrBrokerUnavailable, "no acknowledgement is no refusal")
 	assert.Less(t, took, time.Second)
 	readStream(t, stream, 2)
 
@@ -286,6 +296,7 @@ func TestContextDeadline(t *testing.T) {
 	require.Len(t, perr.Failed, 4)
 	for _, m := range msgs {
 		assert.ErrorIs(t, perr.Failed[m.ID], context.DeadlineExceeded)
+		assert.ErrorIs(t, perr.Failed[m.ID], outboxplugin.ErrBrokerUnavailable)
 	}
 	assert.Less(t, took, time.Second, "the client's stall wait is 200 ms")
 }
@@ -318,31 +329,86 @@ func TestConnectionClosed(t *testing.T) {
 	defer cancel()
 	err = pub.Publish(ctx, []outboxplugin.Message{message("E", "A", "1", `{}`)})
 	require.ErrorIs(t, err, nats.ErrConnectionClosed)
+	assert.ErrorIs(t, err, outboxplugin.ErrBrokerUnavailable)
 	var perr *outboxplugin.PublishError
 	assert.False(t, errors.As(err, &perr), "a whole-batch error, not a partial one")
 	assert.NoError(t, pub.Publish(ctx, nil), "an empty batch needs no connection")
 }
 
-// retryObserver counts what the worker published and retried, and calls onFirst after the first
-// batch that published anything.
+// TestConnectionLost cuts the connection while a batch waits for its acknowledgements: the
+// unacknowledged messages fail as not delivered (wrapping outboxplugin.ErrBrokerUnavailable), and so
+// does, as a whole, a batch published while the client reconnects.
+func TestConnectionLost(t *testing.T) {
+	proxy, err := outboxtest.NewProxy(strings.TrimPrefix(natsURL(), "nats://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	_, adminJS := connect(t, natsURL(), nil)
+	prefix := "lost" + suffix()
+	stream := newStream(t, adminJS, prefix+".>")
+	_, js := connect(t, "nats://"+proxy.Addr(), nil, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	pub, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// The server stores the batch, but its acknowledgements are held back until the cut drops them.
+	proxy.Mute(true)
+	msgs := []outboxplugin.Message{message("E", "A", "1", `{}`), message("E", "A", "2", `{}`), message("E", "A", "3", `{}`)}
+	published := make(chan error, 1)
+	go func() { published <- pub.Publish(ctx, msgs) }()
+	require.Eventually(t, func() bool {
+		info, err := stream.Info(ctx)
+		return err == nil && info.State.Msgs == uint64(len(msgs))
+	}, 10*time.Second, 5*time.Millisecond, "the server got the batch")
+	proxy.Cut()
+	var perr *outboxplugin.PublishError
+	require.ErrorAs(t, <-published, &perr)
+	require.Len(t, perr.Failed, len(msgs))
+	for _, m := range msgs {
+		assert.ErrorIs(t, perr.Failed[m.ID], nats.ErrDisconnected)
+		assert.ErrorIs(t, perr.Failed[m.ID], outboxplugin.ErrBrokerUnavailable)
+	}
+
+	// While the client reconnects, a batch fails whole, at once, as not delivered.
+	err = pub.Publish(ctx, []outboxplugin.Message{message("E", "A", "4", `{}`)})
+	require.ErrorIs(t, err, outboxplugin.ErrBrokerUnavailable)
+	assert.ErrorIs(t, err, nats.ErrDisconnected)
+	assert.False(t, errors.As(err, &perr), "a whole-batch error, not a partial one")
+
+	proxy.Mute(false)
+	proxy.Restore()
+	require.Eventually(t, func() bool { return js.Conn().IsConnected() }, 10*time.Second, 5*time.Millisecond, "reconnected")
+	require.NoError(t, pub.Publish(ctx, msgs), "the retry goes through; the stream drops the copies")
+	readStream(t, stream, len(msgs))
+}
+
+// retryObserver counts what the worker published, refused and did not deliver, and calls onFirst
+// after the first batch that published anything.
 type retryObserver struct {
 	outboxplugin.NopObserver
-	once      sync.Once
-	onFirst   func()
-	published atomic.Int64
-	failed    atomic.Int64
+	once         sync.Once
+	onFirst      func()
+	published    atomic.Int64
+	refused      atomic.Int64
+	notDelivered atomic.Int64
+	dead         atomic.Int64
 }
 
 func (o *retryObserver) BatchDone(_ context.Context, r outboxplugin.BatchResult) {
 	o.published.Add(int64(len(r.Published)))
-	o.failed.Add(int64(len(r.Failed)))
+	o.refused.Add(int64(len(r.Failed)))
+	o.notDelivered.Add(int64(len(r.NotDelivered)))
 	if len(r.Published) > 0 {
 		o.once.Do(o.onFirst)
 	}
 }
 
+func (o *retryObserver) Dead(context.Context, outboxplugin.Message, error) { o.dead.Add(1) }
+
 // TestBrokerDown cuts the connection to the server while a worker publishes, restores it, and
-// checks that every event is in the stream exactly once and that the worker retried.
+// checks that every event is in the stream exactly once, and that the outage spent no attempt: the
+// failures during the cut are reported as not delivered, none as refused, and every event went out
+// on its first attempt.
 func TestBrokerDown(t *testing.T) {
 	const events = 3000
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -373,7 +439,7 @@ func TestBrokerDown(t *testing.T) {
 			proxy.Restore()
 		}()
 	}}
-	w := outboxplugin.NewWorker(db, pub,
+	w, err := outboxplugin.NewWorker(db, pub,
 		outboxplugin.WithoutListen(),
 		outboxplugin.WithBatchSize(100),
 		outboxplugin.WithPollInterval(5*time.Millisecond),
@@ -381,6 +447,7 @@ func TestBrokerDown(t *testing.T) {
 		outboxplugin.WithRetryPolicy(outboxplugin.ExponentialBackoff{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond}),
 		outboxplugin.WithMaxAttempts(1000),
 		outboxplugin.WithObserver(obs))
+	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(runCtx) }()
@@ -396,10 +463,12 @@ func TestBrokerDown(t *testing.T) {
 	}, 45*time.Second, 20*time.Millisecond, "events left unpublished")
 	<-restored
 
-	assert.Positive(t, obs.failed.Load(), "the worker saw failures while the connection was cut")
+	assert.Positive(t, obs.notDelivered.Load(), "the worker saw deliveries fail while the connection was cut")
+	assert.Zero(t, obs.refused.Load(), "a lost connection refuses nothing")
+	assert.Zero(t, obs.dead.Load(), "dead events")
 	var retried int64
-	require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("attempts > 1").Count(&retried).Error)
-	assert.Positive(t, retried, "events delivered on a later attempt")
+	require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("attempts <> 1").Count(&retried).Error)
+	assert.Zero(t, retried, "events whose attempts are not 1 once published: the outage spent attempts")
 
 	got := readStream(t, stream, events)
 	seen := make(map[string]int, events)

@@ -29,7 +29,12 @@ func ExampleDial() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	if err := outboxplugin.NewWorker(db, pub).Run(context.Background()); err != nil {
+	worker, err := outboxplugin.NewWorker(db, pub)
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	if err := worker.Run(context.Background()); err != nil {
 		log.Print(err)
 	}
 }

@@ -58,8 +58,9 @@ func WithExchange(name string) Option {
 // The default is the exchange of WithExchange (DefaultExchange) and the routing key
 // <aggregate>.<event> (outboxplugin.RouteTokens). route is called once per message, from Publish, and
 // must be safe for concurrent use. Publishing to an exchange that does not exist makes the broker
-// close the channel: that batch fails and the next Publish opens a new channel; declare the
-// exchanges route uses with WithTopology.
+// close the channel: that batch fails with ErrChannelClosed (the worker splits it, and the message
+// at fault ends refused) and the next Publish opens a new channel; declare the exchanges route uses
+// with WithTopology.
 func WithRoute(route func(outboxplugin.Message) (exchange, routingKey string)) Option {
 	return func(o *options) error {
 		if route == nil {

@@ -3,21 +3,31 @@
 // A Publisher owns one connection and one confirm-mode channel. Publish sends a whole batch without
 // waiting, then awaits the broker's confirmations together: a message counts as published once the
 // broker has acknowledged it (for a persistent message routed to a durable queue, once the queue has
-// it on disk). A message the broker nacks, or returns as unroutable, is reported failed alone; a
-// lost channel or connection fails what was not yet confirmed, and the next Publish reconnects.
+// it on disk). A message the broker nacks, or returns as unroutable, is reported failed alone, as
+// refused; a lost connection fails what was not yet confirmed, as not delivered (wrapping
+// outboxplugin.ErrBrokerUnavailable), and the next Publish reconnects.
 //
 //	pub, err := outboxrabbitmq.Dial("amqp://guest:guest@localhost:5672/")
 //	if err != nil {
 //		return err
 //	}
 //	defer pub.Close()
-//	go outboxplugin.NewWorker(db, pub).Run(ctx)
+//	worker, err := outboxplugin.NewWorker(db, pub)
+//	if err != nil {
+//		return err
+//	}
+//	go func() {
+//		if err := worker.Run(ctx); err != nil {
+//			log.Fatal(err)
+//		}
+//	}()
 package outboxrabbitmq
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -26,17 +36,30 @@ import (
 )
 
 // Errors of single messages, found in the Failed map of the *outboxplugin.PublishError that Publish
-// returns (wrapped, with the broker's details), and ErrClosed.
+// returns (wrapped, with the broker's details), ErrChannelClosed, and ErrClosed.
 var (
 	// ErrNacked: the broker refused the message (basic.nack), for instance because the queue it
 	// routes to is at its x-max-length with x-overflow reject-publish, or after an internal error.
+	// A refusal: the worker's retry spends an attempt.
 	ErrNacked = errors.New("outboxrabbitmq: message nacked by the broker")
 	// ErrUnroutable: the message was published mandatory (WithMandatory, the default) and the
-	// broker returned it because no queue is bound to receive it.
+	// broker returned it because no queue is bound to receive it. A refusal: the worker's retry
+	// spends an attempt.
 	ErrUnroutable = errors.New("outboxrabbitmq: message returned unroutable")
-	// ErrConnectionLost: the channel or the connection closed before the broker confirmed the
-	// message. The broker may have taken it all the same: retrying it may publish it twice.
+	// ErrConnectionLost: the connection was lost (or the channel closed with it, or by the client)
+	// before the broker confirmed the message. The broker may have taken it all the same: retrying
+	// it may publish it twice. It comes wrapped together with outboxplugin.ErrBrokerUnavailable: the
+	// worker's retry spends no attempt.
 	ErrConnectionLost = errors.New("outboxrabbitmq: connection lost before the broker confirmed the message")
+	// ErrChannelClosed: the broker closed the publishing channel with a channel error (a soft
+	// error code, kept wrapped as the *amqp.Error): 404 NOT_FOUND for a route to an exchange that
+	// does not exist, 403 ACCESS_REFUSED, 406 PRECONDITION_FAILED for a message larger than the
+	// broker's max_message_size. One of the messages not yet confirmed caused it, and the broker
+	// does not say which, so Publish returns it as the error of the whole batch, not in a
+	// PublishError: the worker then splits the batch in halves and publishes them on a new channel,
+	// until the message at fault fails alone. The error of a batch of one message is that message's
+	// own, a refusal: Publish reports it in a PublishError.
+	ErrChannelClosed = errors.New("outboxrabbitmq: the broker closed the channel")
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outboxrabbitmq: publisher closed")
 )
@@ -120,10 +143,17 @@ func DialConfig(url string, cfg amqp.Config, opts ...Option) (*Publisher, error)
 
 // Publish sends msgs and waits for the broker to confirm them. It returns nil when the broker
 // acknowledged every message; an *outboxplugin.PublishError naming the messages that were not
-// published, each with its reason (ErrNacked, ErrUnroutable, ErrConnectionLost, the context's error,
-// or the error of the publish), when some were not; and an error for the whole batch when ctx had
-// ended before the call or no connection could be made. The messages go out in order on one
-// channel, without waiting between them; their confirmations are awaited together.
+// published, each with its reason, when some were not; and an error for the whole batch when ctx
+// had ended before the call, when no connection could be made, or with ErrChannelClosed. The
+// messages go out in order on one channel, without waiting between them; their confirmations are
+// awaited together.
+//
+// The reason of a message the broker refused — ErrNacked, ErrUnroutable, ErrChannelClosed for a
+// batch of one — is a refusal: the worker's retry spends an attempt. The reason of a message the
+// broker did not get or did not confirm in time — ErrConnectionLost, the end of ctx, a network
+// error of the publish — wraps outboxplugin.ErrBrokerUnavailable, and so does the error of a batch
+// for which no connection could be made (whatever the cause: nothing was sent): the worker's retry
+// spends no attempt, and it backs off while nothing gets through.
 //
 // Publish honours ctx: when it ends, the messages not yet confirmed are reported failed with its
 // error, and the connection is closed, because a write to a broker that applies TCP back-pressure
@@ -190,7 +220,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		select {
 		case <-dc.Done():
 		default:
-			failed[m.ID] = fmt.Errorf("outboxrabbitmq: not confirmed: %w", ctx.Err())
+			failed[m.ID] = fmt.Errorf("outboxrabbitmq: not confirmed: %w: %w", outboxplugin.ErrBrokerUnavailable, ctx.Err())
 			continue
 		}
 		switch {
@@ -201,6 +231,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 			failed[m.ID] = lost
 		case returned[m.ID] != nil:
 			failed[m.ID] = returned[m.ID]
+		}
+	}
+	if len(msgs) > 1 {
+		for _, err := range failed {
+			if errors.Is(err, ErrChannelClosed) {
+				// Some message of the batch made the broker close the channel, and which one it
+				// does not say: fail the batch as a whole, for the worker to split.
+				return fmt.Errorf("outboxrabbitmq: publish %d messages: %w", len(msgs), err)
+			}
 		}
 	}
 	return outboxplugin.FailedMessages(failed)
@@ -222,29 +261,49 @@ func awaitConfirms(ctx context.Context, confirms []*amqp.DeferredConfirmation) {
 // closed the connection).
 func nackError(ctx context.Context, s *session) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("outboxrabbitmq: not confirmed: %w", err)
+		return fmt.Errorf("outboxrabbitmq: not confirmed: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 	}
 	if closed, reason := s.closed(); closed {
-		if reason != nil {
-			return fmt.Errorf("%w: %w", ErrConnectionLost, reason)
-		}
-		return ErrConnectionLost
+		return closedError(reason)
 	}
 	return ErrNacked
 }
 
 // sendError is the error of the messages Publish could not send.
 func sendError(ctx context.Context, err error, s *session) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("outboxrabbitmq: not sent: %w", ctx.Err())
-	}
-	if errors.Is(err, amqp.ErrClosed) {
-		if _, reason := s.closed(); reason != nil {
-			return fmt.Errorf("%w: %w", ErrConnectionLost, reason)
-		}
-		return ErrConnectionLost
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("outboxrabbitmq: not sent: %w: %w", outboxplugin.ErrBrokerUnavailable, ctx.Err())
+	case errors.Is(err, amqp.ErrClosed):
+		_, reason := s.closed()
+		return closedError(reason)
+	case isNetworkError(err):
+		return fmt.Errorf("outboxrabbitmq: publish: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 	}
 	return fmt.Errorf("outboxrabbitmq: publish: %w", err)
+}
+
+// closedError is the error of the messages a closed channel did not confirm, given why it closed.
+// The broker closes a channel with a soft error code (amqp.Error.Recover) for a command sent on it
+// — a message of this publisher's — that it refuses: ErrChannelClosed. Every other reason is the
+// connection's: the library's, for a network error or a missed heartbeat; the broker's hard error,
+// closing the connection (320 CONNECTION_FORCED at shutdown, ...); none, for a close the client
+// asked for (Close, or Publish at the end of its ctx).
+func closedError(reason *amqp.Error) error {
+	switch {
+	case reason == nil:
+		return fmt.Errorf("%w: %w", ErrConnectionLost, outboxplugin.ErrBrokerUnavailable)
+	case reason.Server && reason.Recover:
+		return fmt.Errorf("%w: %w", ErrChannelClosed, reason)
+	}
+	return fmt.Errorf("%w: %w: %w", ErrConnectionLost, outboxplugin.ErrBrokerUnavailable, reason)
+}
+
+// isNetworkError reports whether err is the connection's: a network error, or a connection that
+// ended.
+func isNetworkError(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // publishing maps m to an AMQP message: the payload as the body, the message ID, event type and
@@ -272,7 +331,7 @@ func (p *Publisher) session(ctx context.Context) (*amqp.Connection, *session, er
 	select {
 	case p.lock <- struct{}{}:
 	case <-ctx.Done():
-		return nil, nil, fmt.Errorf("outboxrabbitmq: waiting for a connection: %w", ctx.Err())
+		return nil, nil, fmt.Errorf("outboxrabbitmq: waiting for a connection: %w: %w", outboxplugin.ErrBrokerUnavailable, ctx.Err())
 	}
 	defer p.unlock()
 	if p.closed {
@@ -282,7 +341,10 @@ func (p *Publisher) session(ctx context.Context) (*amqp.Connection, *session, er
 		return p.conn, p.sess, nil
 	}
 	if err := p.connect(ctx); err != nil {
-		return nil, nil, err
+		// Nothing was sent: whatever kept the connection from being made (the broker down, a
+		// refused login or declaration), the broker did not get the batch, and splitting it
+		// would not help.
+		return nil, nil, fmt.Errorf("%w (%w)", err, outboxplugin.ErrBrokerUnavailable)
 	}
 	return p.conn, p.sess, nil
 }

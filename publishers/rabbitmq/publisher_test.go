@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -60,7 +61,8 @@ func TestEndToEnd(t *testing.T) {
 	require.Len(t, events, 2)
 
 	pub := dial(t, brokerURL(), outboxrabbitmq.WithExchange(exchange))
-	w := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen())
+	w, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen())
+	require.NoError(t, err)
 	n, err := w.ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
@@ -159,6 +161,7 @@ func TestNackedMessagesFail(t *testing.T) {
 	require.Len(t, failed, 7)
 	for _, m := range msgs[3:] {
 		assert.ErrorIs(t, failed[m.ID], outboxrabbitmq.ErrNacked, m.ID)
+		assert.NotErrorIs(t, failed[m.ID], outboxplugin.ErrBrokerUnavailable, "a nack is a refusal")
 	}
 	assert.Equal(t, ids(b.receive(queue, 3, 5*time.Second)), []string{msgs[0].ID, msgs[1].ID, msgs[2].ID},
 		"the messages not reported failed are the ones the queue holds")
@@ -202,6 +205,7 @@ func TestUnroutableMessages(t *testing.T) {
 					if i%2 == 1 {
 						assert.ErrorIs(t, failed[m.ID], outboxrabbitmq.ErrUnroutable)
 						assert.ErrorContains(t, failed[m.ID], "NO_ROUTE")
+						assert.NotErrorIs(t, failed[m.ID], outboxplugin.ErrBrokerUnavailable, "a return is a refusal")
 					}
 				}
 			} else {
@@ -216,7 +220,12 @@ func TestUnroutableMessages(t *testing.T) {
 	}
 }
 
-func TestChannelClosedByBrokerReopens(t *testing.T) {
+// TestChannelClosedByBroker routes a message to an exchange that does not exist, which makes the
+// broker close the channel: a batch fails as a whole with ErrChannelClosed (the broker does not say
+// which message caused it), a batch of that message alone fails it as refused, the next batch goes
+// out on a new channel, and a worker, splitting the batch, publishes the others and refuses only
+// that message.
+func TestChannelClosedByBroker(t *testing.T) {
 	ctx := withTimeout(t, 30*time.Second)
 	b := newBroker(t)
 	exchange := b.exchange()
@@ -232,26 +241,69 @@ func TestChannelClosedByBrokerReopens(t *testing.T) {
 
 	msgs := testMessages(3, "Present")
 	msgs[1].AggregateType = "Missing"
-	failed := publishError(t, pub.Publish(ctx, msgs))
-	require.Contains(t, failed, msgs[1].ID)
-	assert.ErrorIs(t, failed[msgs[1].ID], outboxrabbitmq.ErrConnectionLost)
+	err := pub.Publish(ctx, msgs)
+	require.ErrorIs(t, err, outboxrabbitmq.ErrChannelClosed)
 	var aerr *amqp.Error
-	require.ErrorAs(t, failed[msgs[1].ID], &aerr, "the broker's reason is kept")
+	require.ErrorAs(t, err, &aerr, "the broker's reason is kept")
 	assert.Equal(t, amqp.NotFound, aerr.Code)
-	assert.Contains(t, failed, msgs[2].ID, "messages after the channel error are lost with it")
+	assert.NotErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "the broker refused something")
+	var perr *outboxplugin.PublishError
+	assert.False(t, errors.As(err, &perr), "a whole-batch error: the broker does not say which message")
+
+	// Alone, the message is the one at fault: refused.
+	failed := publishError(t, pub.Publish(ctx, msgs[1:2]))
+	require.Len(t, failed, 1)
+	assert.ErrorIs(t, failed[msgs[1].ID], outboxrabbitmq.ErrChannelClosed)
+	assert.NotErrorIs(t, failed[msgs[1].ID], outboxplugin.ErrBrokerUnavailable)
 
 	// The next batch goes out on a new channel.
 	next := testMessages(2, "Present")
 	require.NoError(t, pub.Publish(ctx, next))
+
+	// A worker splits a batch that fails as a whole: the others are published, the one at fault
+	// waits for its retry, an attempt spent.
+	db := openDB(t)
+	require.NoError(t, db.Use(outboxplugin.New()))
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+		for i, agg := range []string{"Present", "Present", "Missing", "Present", "Present"} {
+			if err := outboxplugin.Emit(tx, "Tested", map[string]int{"n": i}, outboxplugin.WithAggregate(agg, strconv.Itoa(i))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	w, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen(), outboxplugin.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
+	n, err := w.ProcessOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 4, n)
+	var rows []outboxplugin.OutboxEvent
+	require.NoError(t, db.Order("id").Find(&rows).Error)
+	require.Len(t, rows, 5)
+	for i, r := range rows {
+		if i != 2 {
+			assert.True(t, r.Processed, "event %d", i)
+			continue
+		}
+		assert.False(t, r.Processed, "the event at fault")
+		assert.Equal(t, 1, r.Attempts, "the refusal spent its attempt")
+		require.NotNil(t, r.LastError)
+		assert.Contains(t, *r.LastError, "NOT_FOUND")
+		assert.NotNil(t, r.NextAttemptAt, "scheduled for retry")
+	}
+
 	// Confirmed messages are in the queue: its count is final.
 	got := ids(b.receive(queue, b.count(queue), 5*time.Second))
-	for _, m := range append(msgs, next...) {
-		if _, ok := failed[m.ID]; !ok {
-			assert.Contains(t, got, m.ID, "a message reported published is delivered")
+	for _, m := range next {
+		assert.Contains(t, got, m.ID, "a message reported published is delivered")
+	}
+	for i, r := range rows {
+		if i != 2 {
+			assert.Contains(t, got, r.MessageID, "event %d published by the worker is delivered", i)
 		}
 	}
 	assert.NotContains(t, got, msgs[1].ID)
-	assert.LessOrEqual(t, len(got), 4, "at most the first message went through before the channel error")
+	assert.NotContains(t, got, rows[2].MessageID)
 }
 
 func TestContextDeadline(t *testing.T) {
@@ -277,6 +329,7 @@ func TestContextDeadline(t *testing.T) {
 		require.Len(t, failed, len(msgs), "no message was confirmed")
 		for _, m := range msgs {
 			assert.ErrorIs(t, failed[m.ID], context.DeadlineExceeded)
+			assert.ErrorIs(t, failed[m.ID], outboxplugin.ErrBrokerUnavailable, "no confirmation is no refusal")
 		}
 
 		// The timed-out connection was closed; the next Publish reconnects and succeeds.
@@ -338,6 +391,44 @@ func TestOptionsRejected(t *testing.T) {
 	})
 }
 
+// TestConnectionLost cuts the connection while a batch waits for its confirmations: the unconfirmed
+// messages fail with ErrConnectionLost, as not delivered (wrapping outboxplugin.ErrBrokerUnavailable);
+// while the connection cannot be made, a batch fails as a whole, not delivered either.
+func TestConnectionLost(t *testing.T) {
+	ctx := withTimeout(t, 30*time.Second)
+	b := newBroker(t)
+	exchange := b.exchange()
+	queue := b.queue(exchange, nil, "#")
+	proxy, err := outboxtest.NewProxy(brokerAddr(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	pub := dial(t, viaProxy(t, proxy.Addr()), outboxrabbitmq.WithExchange(exchange))
+
+	// The broker takes the batch, but its confirmations are held back until the cut drops them.
+	proxy.Mute(true)
+	msgs := testMessages(5, "Lost")
+	published := make(chan error, 1)
+	go func() { published <- pub.Publish(ctx, msgs) }()
+	require.Eventually(t, func() bool { return b.count(queue) == len(msgs) }, 10*time.Second, 5*time.Millisecond, "the broker got the batch")
+	proxy.Cut()
+	failed := publishError(t, <-published)
+	require.Len(t, failed, len(msgs))
+	for _, m := range msgs {
+		assert.ErrorIs(t, failed[m.ID], outboxrabbitmq.ErrConnectionLost)
+		assert.ErrorIs(t, failed[m.ID], outboxplugin.ErrBrokerUnavailable)
+	}
+
+	err = pub.Publish(ctx, msgs)
+	require.ErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "no connection can be made")
+	var perr *outboxplugin.PublishError
+	assert.False(t, errors.As(err, &perr), "a whole-batch error")
+
+	proxy.Mute(false)
+	proxy.Restore()
+	require.NoError(t, pub.Publish(ctx, msgs), "the next Publish reconnects")
+	assert.Len(t, b.receive(queue, 2*len(msgs), 5*time.Second), 2*len(msgs), "both copies: RabbitMQ does not de-duplicate")
+}
+
 func TestClose(t *testing.T) {
 	b := newBroker(t)
 	exchange := b.exchange()
@@ -351,7 +442,8 @@ func TestClose(t *testing.T) {
 }
 
 // TestBrokerOutage cuts the connection between the publisher and the broker while a worker drains
-// the outbox, and restores it: the worker retries, and every event arrives.
+// the outbox, and restores it: the worker retries without spending attempts, and every event
+// arrives.
 func TestBrokerOutage(t *testing.T) {
 	const events = 3000
 	ctx := withTimeout(t, 90*time.Second)
@@ -401,7 +493,7 @@ func TestBrokerOutage(t *testing.T) {
 	}
 
 	obs := &failureCounter{}
-	w := outboxplugin.NewWorker(db, pub,
+	w, err := outboxplugin.NewWorker(db, pub,
 		outboxplugin.WithoutListen(),
 		outboxplugin.WithPollInterval(5*time.Millisecond),
 		outboxplugin.WithBatchSize(50),
@@ -410,6 +502,7 @@ func TestBrokerOutage(t *testing.T) {
 		outboxplugin.WithMaxAttempts(1000),
 		outboxplugin.WithObserver(obs),
 		outboxplugin.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- w.Run(runCtx) }()
@@ -438,7 +531,13 @@ func TestBrokerOutage(t *testing.T) {
 	require.NoError(t, consumer.Close())
 	<-consumed
 
-	assert.Positive(t, obs.failed(), "the worker saw failed batches during the outage and retried them")
+	refused, notDelivered, dead := obs.counts()
+	assert.Positive(t, notDelivered, "the worker saw deliveries fail during the outage and retried them")
+	assert.Zero(t, refused, "a cut connection refuses nothing")
+	assert.Zero(t, dead, "dead events")
+	var spent int64
+	require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("attempts <> 1").Count(&spent).Error)
+	assert.Zero(t, spent, "events whose attempts are not 1 once published: the outage spent attempts")
 	mu.Lock()
 	defer mu.Unlock()
 	duplicates := 0
@@ -446,26 +545,33 @@ func TestBrokerOutage(t *testing.T) {
 		require.Positive(t, seen[e.MessageID], "event %s lost", e.MessageID)
 		duplicates += seen[e.MessageID] - 1
 	}
-	t.Logf("%d events delivered, %d duplicates, %d failed deliveries retried", events, duplicates, obs.failed())
+	t.Logf("%d events delivered, %d duplicates, %d deliveries not made and retried", events, duplicates, notDelivered)
 }
 
-// failureCounter counts the messages whose delivery failed.
+// failureCounter counts the messages whose delivery failed: refused, or not delivered; and the dead.
 type failureCounter struct {
 	outboxplugin.NopObserver
-	mu sync.Mutex
-	n  int
+	mu                          sync.Mutex
+	refused, notDelivered, dead int
 }
 
 func (c *failureCounter) BatchDone(_ context.Context, r outboxplugin.BatchResult) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.n += len(r.Failed)
+	c.refused += len(r.Failed)
+	c.notDelivered += len(r.NotDelivered)
 }
 
-func (c *failureCounter) failed() int {
+func (c *failureCounter) Dead(context.Context, outboxplugin.Message, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.n
+	c.dead++
+}
+
+func (c *failureCounter) counts() (refused, notDelivered, dead int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused, c.notDelivered, c.dead
 }
 
 // TestConcurrentWorkers shares one publisher between two workers: each batch gets its own

@@ -23,7 +23,11 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	if err := outboxplugin.NewWorker(db, pub).Run(ctx); err != nil {
+	worker, err := outboxplugin.NewWorker(db, pub)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := worker.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }

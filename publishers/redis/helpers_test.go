@@ -135,9 +135,11 @@ func readStream(t testing.TB, c redis.UniversalClient, stream string) []entry {
 // recorder is a worker observer that keeps the batch results.
 type recorder struct {
 	outboxplugin.NopObserver
-	mu        sync.Mutex
-	published map[string]int
-	failures  int
+	mu           sync.Mutex
+	published    map[string]int
+	refused      int // messages in BatchResult.Failed
+	notDelivered int // messages in BatchResult.NotDelivered
+	dead         int
 }
 
 func newRecorder() *recorder { return &recorder{published: map[string]int{}} }
@@ -148,13 +150,22 @@ func (r *recorder) BatchDone(_ context.Context, res outboxplugin.BatchResult) {
 	for _, m := range res.Published {
 		r.published[m.ID]++
 	}
-	r.failures += len(res.Failed)
+	r.refused += len(res.Failed)
+	r.notDelivered += len(res.NotDelivered)
 }
 
-func (r *recorder) counts() (published, failures int) {
+func (r *recorder) Dead(context.Context, outboxplugin.Message, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.published), r.failures
+	r.dead++
+}
+
+// counts returns the distinct messages published, and the failed deliveries: refused, and not
+// delivered.
+func (r *recorder) counts() (published, refused, notDelivered int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.published), r.refused, r.notDelivered
 }
 
 // replyGate is a TCP proxy to Redis that, once armed with Pass(k), lets k more replies reach the
@@ -269,4 +280,12 @@ func (g *replyGate) forwardReplies(client, server net.Conn) {
 			g.mu.Unlock()
 		}
 	}
+}
+
+// mustWorker returns outboxplugin.NewWorker(db, pub, opts...), failing tb when that returns an error.
+func mustWorker(tb testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
+	tb.Helper()
+	w, err := outboxplugin.NewWorker(db, pub, opts...)
+	require.NoError(tb, err)
+	return w
 }

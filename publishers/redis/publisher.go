@@ -92,10 +92,17 @@ func boundsIO(client redis.UniversalClient) bool {
 // Publish appends each message to its stream with one XADD, all of them pipelined in one round trip
 // (one per node on Redis Cluster), and returns once every reply is in. Entries of one stream are
 // appended in the order of msgs. It returns nil when Redis accepted every message; an
-// *outboxplugin.PublishError naming the messages it refused (WRONGTYPE for a key that is not a
-// stream, ErrNoStream, ErrNoStreamName, out of memory, ...) when only some failed; and any other
-// error when the batch failed as a whole: the connection was lost, or ctx ended before a reply was
-// read.
+// *outboxplugin.PublishError naming the messages that failed, when some did; and one error for the
+// batch when every message failed for want of Redis: the connection was lost or
+// refused, or ctx ended before a reply was read.
+//
+// The error of a message Redis did not get, or did not answer for — a network error, a timeout, a
+// closed client, or a reply that speaks of the server's state rather than of the command (LOADING,
+// READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM, too many clients) — wraps
+// outboxplugin.ErrBrokerUnavailable, and so does the error of a batch that failed whole that way:
+// the worker retries those messages without spending an attempt. The error of a message Redis
+// refused (WRONGTYPE for a key that is not a stream, NOPERM, ErrNoStream, ErrNoStreamName, ...)
+// does not: its retry spends an attempt, and a message that can never be appended ends dead.
 //
 // When the pipeline breaks part way (a lost connection, the deadline), the messages whose reply was
 // read count as published and the others fail, so that the worker's retry re-sends only those.
@@ -142,8 +149,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 	}
 
 	settled, err := p.exec(ctx, pipe)
-	if !settled {
+	switch {
+	case !settled && errors.Is(err, ErrClosed):
 		return fmt.Errorf("outboxredis: publish %d messages: %w", len(msgs), err)
+	case !settled: // ctx ended before the replies, on a client that does not bound its I/O by it
+		return fmt.Errorf("outboxredis: publish %d messages: %w: %w", len(msgs), outboxplugin.ErrBrokerUnavailable, err)
 	}
 	for _, s := range sent {
 		switch cerr := s.cmd.Err(); {
@@ -154,20 +164,31 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 			// appended, and counting it failed would only append it again.
 		case errors.Is(cerr, redis.Nil): // XADD NOMKSTREAM replies nil when the stream is missing
 			fail(s.msg.ID, fmt.Errorf("%w: %s", ErrNoStream, s.stream))
+		case unavailable(cerr):
+			fail(s.msg.ID, fmt.Errorf("outboxredis: XADD %s: %w: %w", s.stream, outboxplugin.ErrBrokerUnavailable, cerr))
 		default:
 			fail(s.msg.ID, fmt.Errorf("outboxredis: XADD %s: %w", s.stream, cerr))
 		}
 	}
-	// A batch that failed as a whole for want of a connection or of time is one error, not a list.
-	var redisErr redis.Error
-	if err != nil && len(failed) == len(msgs) && !errors.As(err, &redisErr) {
+	// A batch that failed as a whole for want of Redis or of time is one error, not a list.
+	if err != nil && len(failed) == len(msgs) && allUnavailable(failed) {
 		if cerr := contextErr(ctx); cerr != nil && !errors.Is(err, cerr) {
 			// The deadline cut the socket short: say so in a way callers can match.
-			return fmt.Errorf("outboxredis: publish %d messages: %w (%v)", len(msgs), cerr, err)
+			return fmt.Errorf("outboxredis: publish %d messages: %w: %w (%v)", len(msgs), outboxplugin.ErrBrokerUnavailable, cerr, err)
 		}
-		return fmt.Errorf("outboxredis: publish %d messages: %w", len(msgs), err)
+		return fmt.Errorf("outboxredis: publish %d messages: %w: %w", len(msgs), outboxplugin.ErrBrokerUnavailable, err)
 	}
 	return outboxplugin.FailedMessages(failed)
+}
+
+// allUnavailable reports whether every error of failed wraps outboxplugin.ErrBrokerUnavailable.
+func allUnavailable(failed map[string]error) bool {
+	for _, err := range failed {
+		if !errors.Is(err, outboxplugin.ErrBrokerUnavailable) {
+			return false
+		}
+	}
+	return true
 }
 
 // exec runs the pipeline and reports whether its commands hold their replies (settled). A client

@@ -43,7 +43,7 @@ func TestEndToEnd(t *testing.T) {
 
 	client := newClient(t, redisAddr)
 	pub := newPublisher(t, client, prefixed(prefix))
-	n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
+	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
 
@@ -113,7 +113,7 @@ func TestWorkerPartlyFailedBatch(t *testing.T) {
 
 	pub := newPublisher(t, client, prefixed(prefix))
 	quiet := slog.New(slog.DiscardHandler)
-	n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen(), outboxplugin.WithLogger(quiet)).ProcessOnce(ctx)
+	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen(), outboxplugin.WithLogger(quiet)).ProcessOnce(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
 
@@ -219,6 +219,7 @@ func TestPublishFailsSingleMessages(t *testing.T) {
 			require.Len(t, perr.Failed, 1)
 			require.Contains(t, perr.Failed, msgs[1].ID)
 			tc.check(t, perr.Failed[msgs[1].ID])
+			assert.NotErrorIs(t, perr.Failed[msgs[1].ID], outboxplugin.ErrBrokerUnavailable, "a refusal")
 
 			entries := readStream(t, client, prefix+"outbox:Good")
 			require.Len(t, entries, 2)
@@ -278,9 +279,36 @@ func TestWithMaxLen(t *testing.T) {
 	assert.Equal(t, msgs[len(msgs)-1].ID, id, "trimming drops the oldest entries")
 }
 
+// TestConnectionCut publishes through a proxy that is cut: the batch fails as a whole, as not
+// delivered (wrapping outboxplugin.ErrBrokerUnavailable), and goes through once the proxy is
+// restored.
+func TestConnectionCut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prefix := streamPrefix(t)
+	proxy, err := outboxtest.NewProxy(redisAddr)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { client.Close() })
+	pub := newPublisher(t, client, prefixed(prefix))
+	msgs := testMessages(prefix, 5, "Cut")
+	require.NoError(t, pub.Publish(ctx, msgs[:1]), "the connection is up before the cut")
+
+	proxy.Cut() // drops the pooled connection; new ones are closed at once
+	err = pub.Publish(ctx, msgs[1:])
+	require.ErrorIs(t, err, outboxplugin.ErrBrokerUnavailable)
+	var perr *outboxplugin.PublishError
+	assert.False(t, errors.As(err, &perr), "no reply was read: the batch failed as a whole")
+
+	proxy.Restore()
+	require.NoError(t, pub.Publish(ctx, msgs[1:]))
+	assert.Len(t, readStream(t, newClient(t, redisAddr), prefix+"outbox:Cut"), 5)
+}
+
 // TestBrokerOutage puts a proxy between the client and Redis and cuts it while the worker runs: the
-// worker's publishes fail and are retried, the client reconnects once the proxy is restored, and
-// every event reaches the stream.
+// worker's publishes fail as not delivered and are retried without spending an attempt, the client
+// reconnects once the proxy is restored, and every event reaches the stream, on its first attempt.
 func TestBrokerOutage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -295,7 +323,7 @@ func TestBrokerOutage(t *testing.T) {
 	pub := newPublisher(t, client, prefixed(prefix))
 	db := openDB(t)
 	rec := newRecorder()
-	w := outboxplugin.NewWorker(db, pub,
+	w, err := outboxplugin.NewWorker(db, pub,
 		outboxplugin.WithoutListen(),
 		outboxplugin.WithPollInterval(10*time.Millisecond),
 		outboxplugin.WithBatchSize(10),
@@ -304,6 +332,7 @@ func TestBrokerOutage(t *testing.T) {
 		outboxplugin.WithMaxAttempts(1000),
 		outboxplugin.WithObserver(rec),
 		outboxplugin.WithLogger(slog.New(slog.DiscardHandler)))
+	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(runCtx) }()
@@ -313,7 +342,7 @@ func TestBrokerOutage(t *testing.T) {
 	}()
 
 	published := func(n int) func() bool {
-		return func() bool { p, _ := rec.counts(); return p >= n }
+		return func() bool { p, _, _ := rec.counts(); return p >= n }
 	}
 	_, err = outboxtest.Fill(ctx, db, 30, outboxtest.FillOptions{AggregateType: "Outage"})
 	require.NoError(t, err)
@@ -322,10 +351,11 @@ func TestBrokerOutage(t *testing.T) {
 	proxy.Cut() // drops the client's pooled connection too
 	_, err = outboxtest.Fill(ctx, db, 30, outboxtest.FillOptions{AggregateType: "Outage"})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { _, f := rec.counts(); return f >= 30 }, 20*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { _, _, f := rec.counts(); return f >= 30 }, 20*time.Second, 5*time.Millisecond,
 		"publishes fail during the outage")
-	p, _ := rec.counts()
+	p, refused, _ := rec.counts()
 	require.Equal(t, 30, p, "nothing published while cut")
+	require.Zero(t, refused, "a cut connection refuses nothing")
 
 	proxy.Restore()
 	require.Eventually(t, published(60), 20*time.Second, 5*time.Millisecond, "published after the outage")
@@ -338,17 +368,17 @@ func TestBrokerOutage(t *testing.T) {
 		id, _ := e.field(outboxplugin.HeaderID)
 		got[id] = true
 	}
-	retried := 0
 	for _, ev := range events {
 		assert.True(t, ev.Processed, "event %d processed", ev.ID)
 		assert.True(t, got[ev.MessageID], "event %d in the stream", ev.ID)
-		if ev.Attempts > 1 {
-			retried++
-		}
+		// The failed deliveries of the outage gave their attempt back.
+		assert.Equal(t, 1, ev.Attempts, "attempts of event %d", ev.ID)
 	}
-	// At least the first batch of the outage failed and went out on a later attempt. (The worker backs
-	// off while the broker is down, so other events of the outage may have waited it out unattempted.)
-	assert.GreaterOrEqual(t, retried, 10, "the events of the outage were delivered on a later attempt")
+	_, refused, _ = rec.counts()
+	assert.Zero(t, refused, "refused deliveries")
+	rec.mu.Lock()
+	assert.Zero(t, rec.dead, "dead events")
+	rec.mu.Unlock()
 }
 
 // blackHole listens on loopback and accepts connections that never answer: a hung server.
@@ -411,6 +441,7 @@ func TestPublishHonoursDeadline(t *testing.T) {
 			err = pub.Publish(ctx, testMessages("deadline:", 10, "Hung"))
 			took := time.Since(start)
 			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.ErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "no reply is no refusal")
 			var perr *outboxplugin.PublishError
 			assert.False(t, errors.As(err, &perr), "no reply was read: the batch failed as a whole")
 			assert.Less(t, took, 700*time.Millisecond, "Publish returned at the deadline")
@@ -502,6 +533,7 @@ func TestPublishDeadlineMidPipeline(t *testing.T) {
 			for _, m := range msgs[4:] {
 				require.Contains(t, perr.Failed, m.ID)
 				assert.ErrorContains(t, perr.Failed[m.ID], "timeout")
+				assert.ErrorIs(t, perr.Failed[m.ID], outboxplugin.ErrBrokerUnavailable)
 			}
 
 			// Redis executed every XADD; only its replies were held back.

@@ -2,6 +2,7 @@ package outboxwatermill_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"os"
 	"sync"
@@ -122,7 +123,7 @@ func TestAMQPEndToEnd(t *testing.T) {
 
 	db := openDB(t)
 	createOrders(t, ctx, db, 5, "trace-amqp")
-	n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
+	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
 
@@ -156,33 +157,45 @@ func TestAMQPOneTopicRefused(t *testing.T) {
 	err = pub.Publish(ctx, []outboxplugin.Message{o[0], i[0], o[1], i[1], o[2]})
 	assert.Equal(t, idsOf(i), failedIDs(t, err))
 	assert.ErrorContains(t, err, "PRECONDITION_FAILED")
+	var pe *outboxplugin.PublishError
+	require.ErrorAs(t, err, &pe)
+	assert.NotErrorIs(t, pe.Failed[i[0].ID], outboxplugin.ErrBrokerUnavailable, "the broker refused the topic")
 	for k, m := range receive(t, ctx, received, 3) {
 		assert.Equal(t, o[k].ID, m.UUID, "in batch order")
 	}
 }
 
-// failureCounter is a worker Observer that counts failed deliveries.
+// failureCounter is a worker Observer that counts failed deliveries, refused and not delivered, and
+// dead events.
 type failureCounter struct {
 	outboxplugin.NopObserver
-	mu     sync.Mutex
-	failed int
+	mu                          sync.Mutex
+	refused, notDelivered, dead int
 }
 
 func (f *failureCounter) BatchDone(_ context.Context, r outboxplugin.BatchResult) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.failed += len(r.Failed)
+	f.refused += len(r.Failed)
+	f.notDelivered += len(r.NotDelivered)
 }
 
-func (f *failureCounter) count() int {
+func (f *failureCounter) Dead(context.Context, outboxplugin.Message, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.failed
+	f.dead++
+}
+
+func (f *failureCounter) counts() (refused, notDelivered, dead int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refused, f.notDelivered, f.dead
 }
 
 // The connection between watermill-amqp and RabbitMQ is cut while the worker runs: publishing
-// fails, the worker retries, watermill-amqp reconnects once the connection is restored, and every
-// event is delivered (some possibly twice).
+// fails, as not delivered (WithUnavailable recognises watermill-amqp's errors of a lost connection),
+// the worker retries without spending attempts, watermill-amqp reconnects once the connection is
+// restored, and every event is delivered (some possibly twice), on its first attempt.
 //
 // It does not run under the race detector: watermill-amqp v3 replaces its "connected" channel
 // without synchronisation when the connection drops, racing with every Publish that checks it
@@ -203,7 +216,11 @@ func TestAMQPBrokerDown(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, proxy.Close()) })
 	parsed.Host = proxy.Addr()
-	pub := newPublisher(t, newAMQPPublisher(t, parsed.String(), suffix), amqpTopics(suffix))
+	amqpPub := newAMQPPublisher(t, parsed.String(), suffix)
+	pub := newPublisher(t, amqpPub, amqpTopics(suffix), outboxwatermill.WithUnavailable(func(err error) bool {
+		var aerr *amqp.Error
+		return !amqpPub.IsConnected() || errors.As(err, &aerr) && !aerr.Server
+	}))
 
 	// The consumer records every delivery; seen holds the distinct ids.
 	var (
@@ -240,7 +257,7 @@ func TestAMQPBrokerDown(t *testing.T) {
 
 	db := openDB(t)
 	failures := &failureCounter{}
-	w := outboxplugin.NewWorker(db, pub,
+	w, err := outboxplugin.NewWorker(db, pub,
 		outboxplugin.WithoutListen(),
 		outboxplugin.WithPollInterval(5*time.Millisecond),
 		outboxplugin.WithBatchSize(10),
@@ -249,6 +266,7 @@ func TestAMQPBrokerDown(t *testing.T) {
 		outboxplugin.WithRetryPolicy(outboxplugin.ExponentialBackoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}),
 		outboxplugin.WithObserver(failures),
 		quiet)
+	require.NoError(t, err)
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- w.Run(runCtx) }()
@@ -260,7 +278,7 @@ func TestAMQPBrokerDown(t *testing.T) {
 
 	proxy.Cut()
 	createOrders(t, ctx, db, 30, "during")
-	require.Eventually(t, func() bool { return failures.count() > 0 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { _, n, _ := failures.counts(); return n > 0 }, 10*time.Second, 5*time.Millisecond,
 		"publishing failed while the connection was cut")
 	time.Sleep(300 * time.Millisecond) // several retries against the cut connection
 	mu.Lock()
@@ -279,16 +297,15 @@ func TestAMQPBrokerDown(t *testing.T) {
 
 	rows := outboxRows(t, db)
 	require.Len(t, rows, 50)
-	retried := 0
+	refused, notDelivered, dead := failures.counts()
+	assert.Zero(t, refused, "a cut connection refuses nothing")
+	assert.Zero(t, dead, "dead events")
 	mu.Lock()
 	defer mu.Unlock()
 	for _, r := range rows {
 		assert.True(t, r.Processed, "row %d", r.ID)
 		assert.True(t, seen[r.MessageID], "row %d never delivered", r.ID)
-		if r.Attempts > 1 {
-			retried++
-		}
+		assert.Equal(t, 1, r.Attempts, "attempts of row %d: the outage gave them back", r.ID)
 	}
-	assert.Positive(t, retried, "no event was retried")
-	t.Logf("%d deliveries of 50 events, %d events retried, %d failed deliveries", deliveries, retried, failures.count())
+	t.Logf("%d deliveries of 50 events, %d deliveries not made and retried", deliveries, notDelivered)
 }

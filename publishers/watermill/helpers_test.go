@@ -183,3 +183,11 @@ func closeAtCleanup(t testing.TB, p interface{ Close(context.Context) error }) {
 		assert.NoError(t, p.Close(ctx))
 	})
 }
+
+// mustWorker returns outboxplugin.NewWorker(db, pub, opts...), failing tb when that returns an error.
+func mustWorker(tb testing.TB, db *gorm.DB, pub outboxplugin.Publisher, opts ...outboxplugin.WorkerOption) *outboxplugin.Worker {
+	tb.Helper()
+	w, err := outboxplugin.NewWorker(db, pub, opts...)
+	require.NoError(tb, err)
+	return w
+}

@@ -12,6 +12,7 @@ type Option func(*config) error
 type config struct {
 	topic       func(outboxplugin.Message) string
 	concurrency int
+	unavailable func(error) bool // WithUnavailable; nil: the defaults only
 }
 
 // DefaultConcurrency is how many Watermill Publish calls a Publisher runs at once by default.
@@ -53,6 +54,34 @@ func WithConcurrency(n int) Option {
 			return fmt.Errorf("outboxwatermill: %w: concurrency %d not in 1..%d", outboxplugin.ErrInvalidOption, n, maxConcurrency)
 		}
 		c.concurrency = n
+		return nil
+	}
+}
+
+// WithUnavailable tells the Publisher which errors of the Watermill publisher mean that the broker
+// did not get a group's messages — a lost connection, no server, a timeout — rather than refused
+// them. The Publisher cannot tell by itself for every backend: by default it takes for such only
+// the end of the publish context, network errors of the standard library (net.Error, net.ErrClosed,
+// io.EOF) and errors that wrap outboxplugin.ErrBrokerUnavailable, and any other error for a
+// refusal, which spends an attempt of each message of the group (and kills them after the last).
+// fn is called with each other error a Watermill Publish call returns, possibly from several
+// goroutines at once; when it returns true, the group's messages fail with the error wrapped with
+// outboxplugin.ErrBrokerUnavailable, and the worker retries them without spending an attempt.
+//
+// For watermill-amqp, whose "not connected to AMQP" error has no type of its own, and whose
+// errors of a lost connection are amqp091-go's *amqp.Error raised by the library rather than the
+// broker:
+//
+//	outboxwatermill.WithUnavailable(func(err error) bool {
+//		var aerr *amqp.Error
+//		return !amqpPub.IsConnected() || errors.As(err, &aerr) && !aerr.Server
+//	})
+func WithUnavailable(fn func(error) bool) Option {
+	return func(c *config) error {
+		if fn == nil {
+			return fmt.Errorf("outboxwatermill: %w: nil unavailable function", outboxplugin.ErrInvalidOption)
+		}
+		c.unavailable = fn
 		return nil
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -83,6 +85,13 @@ type groupResult struct {
 // succeeded, and otherwise an *outboxplugin.PublishError in which every message of a failed group
 // (a Watermill Publish returns one error for all its messages) and every message without a topic is
 // failed; the other messages count as published.
+//
+// The error of a group whose call did not finish before ctx ended, or failed with an error that
+// says the broker did not get the messages (see WithUnavailable: by default the end of ctx, a
+// network error of the standard library, an error wrapping outboxplugin.ErrBrokerUnavailable),
+// wraps outboxplugin.ErrBrokerUnavailable: the worker retries those messages without spending an
+// attempt. Any other error of the Watermill publisher, a panic of it and ErrEmptyTopic are
+// refusals: the retry spends an attempt.
 //
 // Watermill's Publish takes no context, so ctx is given to each message (message.SetContext), where
 // backends that honour it see it, and Publish returns as soon as ctx ends: the messages of every
@@ -162,7 +171,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 			}
 			for g, ok := range finished {
 				if !ok {
-					err := fmt.Errorf("outboxwatermill: publish to topic %q not finished: %w", groups[g].topic, ctx.Err())
+					err := fmt.Errorf("outboxwatermill: publish to topic %q not finished: %w: %w", groups[g].topic, outboxplugin.ErrBrokerUnavailable, ctx.Err())
 					for _, id := range groups[g].ids {
 						fail(id, err)
 					}
@@ -195,13 +204,13 @@ func (p *Publisher) publishGroup(ctx context.Context, group int, topic string, m
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
-		done <- groupResult{group, fmt.Errorf("outboxwatermill: publish to topic %q not started: %w", topic, ctx.Err())}
+		done <- groupResult{group, fmt.Errorf("outboxwatermill: publish to topic %q not started: %w: %w", topic, outboxplugin.ErrBrokerUnavailable, ctx.Err())}
 		return
 	}
 	defer func() { <-p.slots }()
 	// A slot and the end of ctx may have been ready together.
 	if err := ctx.Err(); err != nil {
-		done <- groupResult{group, fmt.Errorf("outboxwatermill: publish to topic %q not started: %w", topic, err)}
+		done <- groupResult{group, fmt.Errorf("outboxwatermill: publish to topic %q not started: %w: %w", topic, outboxplugin.ErrBrokerUnavailable, err)}
 		return
 	}
 	done <- groupResult{group, p.call(topic, msgs)}
@@ -216,9 +225,31 @@ func (p *Publisher) call(topic string, msgs []*message.Message) (err error) {
 		}
 	}()
 	if err := p.pub.Publish(topic, msgs...); err != nil {
+		if !errors.Is(err, outboxplugin.ErrBrokerUnavailable) && p.unavailable(err) {
+			return fmt.Errorf("outboxwatermill: publish to topic %q: %w: %w", topic, outboxplugin.ErrBrokerUnavailable, err)
+		}
 		return fmt.Errorf("outboxwatermill: publish to topic %q: %w", topic, err)
 	}
 	return nil
+}
+
+// unavailable reports whether err, the error of a Watermill Publish call (that does not wrap
+// outboxplugin.ErrBrokerUnavailable already), says the broker did not get the messages rather than
+// refused them. Watermill's backends share no error values, so only what the standard library
+// defines is known here: the end of the messages' context (a backend that honours it stopped), a
+// network error; WithUnavailable adds the backend's own. Everything else is taken for a refusal,
+// which at worst spends attempts on an outage the Publisher cannot recognise — what every failure
+// did before publishers told the two apart — rather than retrying without end a message the broker
+// refuses.
+func (p *Publisher) unavailable(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.As(err, &netErr), errors.Is(err, net.ErrClosed),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	}
+	return p.cfg.unavailable != nil && p.cfg.unavailable(err)
 }
 
 // begin registers n group goroutines about to start, unless the Publisher is closed.

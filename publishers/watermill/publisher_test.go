@@ -3,9 +3,15 @@ package outboxwatermill_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,7 +91,7 @@ func TestGoChannelEndToEnd(t *testing.T) {
 		return outboxplugin.Emit(tx, "Ping", map[string]int{"n": 1})
 	}))
 
-	n, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
+	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen()).ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 6, n)
 
@@ -159,6 +165,7 @@ func TestOneTopicFailsOnlyItsGroup(t *testing.T) {
 		require.ErrorAs(t, err, &pe)
 		assert.ErrorIs(t, pe.Failed[i[0].ID], errRefused)
 		assert.ErrorContains(t, pe.Failed[i[0].ID], `"outbox.Invoice"`)
+		assert.NotErrorIs(t, pe.Failed[i[0].ID], outboxplugin.ErrBrokerUnavailable, "a refusal")
 		var got []string
 		for _, m := range receive(t, ctx, orders, 3) {
 			got = append(got, m.UUID)
@@ -178,7 +185,8 @@ func TestOneTopicFailsOnlyItsGroup(t *testing.T) {
 			}
 			return nil
 		}))
-		w := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen(), fastRetry, quiet)
+		w, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen(), fastRetry, quiet)
+		require.NoError(t, err)
 		n, err := w.ProcessOnce(ctx)
 		require.NoError(t, err)
 		assert.Equal(t, 2, n, "the orders are published")
@@ -243,6 +251,7 @@ func TestContextDeadline(t *testing.T) {
 	var pe *outboxplugin.PublishError
 	require.ErrorAs(t, err, &pe)
 	assert.ErrorIs(t, pe.Failed[slow[0].ID], context.DeadlineExceeded)
+	assert.ErrorIs(t, pe.Failed[slow[0].ID], outboxplugin.ErrBrokerUnavailable, "not finished is not refused")
 	assert.Equal(t, 2, <-acked)
 
 	// The Slow call is still running: Close gives up on a short context, and Publish is refused.
@@ -269,6 +278,61 @@ func TestContextDeadline(t *testing.T) {
 		assert.ErrorIs(t, p.Publish(ended, testMessages("Order", 1)), context.Canceled)
 		assert.Zero(t, calls.Load())
 	})
+}
+
+// errNotConnected is a backend's error of a lost connection, of no type the Publisher knows.
+var errNotConnected = errors.New("not connected to the broker")
+
+// The error of a group says whether the broker did not get its messages — wrapping
+// outboxplugin.ErrBrokerUnavailable, and the worker spends no attempt — or refused them: by default
+// the end of the context and network errors are the first kind, WithUnavailable adds the backend's
+// own, and every other error is a refusal.
+func TestUnavailableErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := map[string]error{
+		"outbox.Reset":     fmt.Errorf("cannot publish msg: %w", &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.ECONNRESET)}),
+		"outbox.Eof":       fmt.Errorf("commit: %w", io.EOF),
+		"outbox.Ctx":       fmt.Errorf("publish: %w", context.DeadlineExceeded),
+		"outbox.Marked":    fmt.Errorf("backend: %w", outboxplugin.ErrBrokerUnavailable),
+		"outbox.Custom":    errNotConnected,
+		"outbox.Refused":   errRefused,
+		"outbox.Published": nil,
+	}
+	backend := publisherFunc(func(topic string, _ ...*message.Message) error { return errs[topic] })
+	var batch []outboxplugin.Message
+	for topic := range errs {
+		batch = append(batch, testMessages(topic[len("outbox."):], 1)...)
+	}
+	for name, tc := range map[string]struct {
+		opts        []outboxwatermill.Option
+		unavailable []string // the topics whose messages are not delivered; the others failed are refused
+	}{
+		"defaults": {unavailable: []string{"outbox.Reset", "outbox.Eof", "outbox.Ctx", "outbox.Marked"}},
+		"WithUnavailable": {
+			opts:        []outboxwatermill.Option{outboxwatermill.WithUnavailable(func(err error) bool { return errors.Is(err, errNotConnected) })},
+			unavailable: []string{"outbox.Reset", "outbox.Eof", "outbox.Ctx", "outbox.Marked", "outbox.Custom"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := newPublisher(t, backend, tc.opts...)
+			var pe *outboxplugin.PublishError
+			require.ErrorAs(t, p.Publish(ctx, batch), &pe)
+			require.Len(t, pe.Failed, len(errs)-1)
+			for _, m := range batch {
+				topic := outboxwatermill.DefaultTopic(m)
+				err, failed := pe.Failed[m.ID]
+				if errs[topic] == nil {
+					assert.False(t, failed, "%s published", topic)
+					continue
+				}
+				require.True(t, failed, topic)
+				assert.ErrorIs(t, err, errs[topic], "%s: the backend's error is kept", topic)
+				assert.Equal(t, slices.Contains(tc.unavailable, topic), errors.Is(err, outboxplugin.ErrBrokerUnavailable),
+					"%s: %v", topic, err)
+			}
+		})
+	}
 }
 
 // publisherFunc adapts a function to message.Publisher.
@@ -355,6 +419,9 @@ func TestEmptyTopicAndPanic(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	assert.ErrorIs(t, pe.Failed[none[0].ID], outboxwatermill.ErrEmptyTopic)
 	assert.ErrorContains(t, pe.Failed[boom[0].ID], "panicked: backend bug")
+	for id, err := range pe.Failed {
+		assert.NotErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "%s: a refusal", id)
+	}
 	assert.NoError(t, p.Publish(ctx, nil), "an empty batch")
 }
 
@@ -369,6 +436,7 @@ func TestInvalidOptions(t *testing.T) {
 		"zero concurrency": {gc, []outboxwatermill.Option{outboxwatermill.WithConcurrency(0)}},
 		"huge concurrency": {gc, []outboxwatermill.Option{outboxwatermill.WithConcurrency(10001)}},
 		"nil option":       {gc, []outboxwatermill.Option{nil}},
+		"nil unavailable":  {gc, []outboxwatermill.Option{outboxwatermill.WithUnavailable(nil)}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p, err := outboxwatermill.New(tc.pub, tc.opts...)
