@@ -188,24 +188,6 @@ func pgColumnType(db *gorm.DB, field *schema.Field) string {
 	return typ
 }
 
-// AutoMigrate creates or updates the outbox table that db's plugin writes to (DefaultTableName when
-// the plugin is not registered or was not given WithTableName), with its indexes, and on PostgreSQL
-// gives it the storage settings the relay wants (see pgStorageOptions; a worker applies them too, the
-// first time it runs, when the table was created with db.AutoMigrate).
-func AutoMigrate(db *gorm.DB) error {
-	table := DefaultTableName
-	if p := pluginOf(db); p != nil {
-		table = p.cfg.table
-	}
-	if err := db.Table(table).AutoMigrate(&OutboxEvent{}); err != nil {
-		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
-	}
-	if err := setStorageOptions(db, table); err != nil {
-		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
-	}
-	return nil
-}
-
 // pgStorageOptions are the storage settings of the outbox table on PostgreSQL; each is applied unless
 // the table already has a value for it.
 //
@@ -241,10 +223,11 @@ func pgQuotedName(name string) string {
 	return strings.Join(parts, ".")
 }
 
-// setStorageOptions applies pgStorageOptions to a PostgreSQL table.
-func setStorageOptions(db *gorm.DB, table string) error {
+// missingStorageOptions returns the pgStorageOptions a PostgreSQL table has no value for ("name =
+// value"), or errOutboxTableMissing; nothing on other databases.
+func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
 	if db.Dialector.Name() != "postgres" {
-		return nil
+		return nil, nil
 	}
 	var found struct {
 		Exists  bool
@@ -254,20 +237,25 @@ func setStorageOptions(db *gorm.DB, table string) error {
 	err := db.Raw(`SELECT to_regclass(?) IS NOT NULL AS exists, COALESCE((SELECT array_to_string(reloptions, ',')`+
 		` FROM pg_class WHERE oid = to_regclass(?)), '') AS options`, pgQuotedName(table), pgQuotedName(table)).Scan(&found).Error
 	if err != nil {
-		return fmt.Errorf("read storage options: %w", err)
+		return nil, fmt.Errorf("read storage options: %w", err)
 	}
 	if !found.Exists {
-		return fmt.Errorf("%w: %s", errOutboxTableMissing, table)
+		return nil, fmt.Errorf("%w: %s", errOutboxTableMissing, table)
 	}
-	options := found.Options
 	var set []string
 	for _, o := range pgStorageOptions {
-		if !strings.Contains(","+options, ","+o.name+"=") {
+		if !strings.Contains(","+found.Options, ","+o.name+"=") {
 			set = append(set, o.name+" = "+o.value)
 		}
 	}
-	if len(set) == 0 {
-		return nil
+	return set, nil
+}
+
+// setStorageOptions applies pgStorageOptions to a PostgreSQL table, where it has no value of its own.
+func setStorageOptions(db *gorm.DB, table string) error {
+	set, err := missingStorageOptions(db, table)
+	if err != nil || len(set) == 0 {
+		return err
 	}
 	return db.Exec(`ALTER TABLE ` + (&gorm.Statement{DB: db}).Quote(table) + ` SET (` + strings.Join(set, ", ") + `)`).Error
 }

@@ -579,65 +579,35 @@ func (q *relaySQL) backlog(ctx context.Context) (int64, error) {
 	return n, err
 }
 
-// prepareTable runs once per worker, before its first claim: on PostgreSQL it gives the table the
-// storage settings claims want, where it has none (logging, not failing, when the worker may not alter
-// the table), and with per-key ordering it creates the index the ordering probes.
+// prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no
+// DDL: AutoMigrate creates what it needs). With per-key ordering it checks the index the ordering
+// probes, and fails when it is missing or invalid; on PostgreSQL it logs, once, a table without the
+// storage settings claims want.
 func (w *Worker) prepareTable(ctx context.Context) error {
 	w.prepareMu.Lock()
 	defer w.prepareMu.Unlock()
 	if w.prepared {
 		return nil
 	}
-	if err := setStorageOptions(w.db.WithContext(ctx), w.cfg.table); errors.Is(err, errOutboxTableMissing) {
-		// Not prepared: the claim reports the missing table, and the next batch prepares again.
-		return nil
-	} else if err != nil {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: could not set the outbox table's storage options; claims will be slower",
-			slog.String("worker", w.owner), slog.Any("error", err))
+	db := w.db.WithContext(ctx)
+	if w.cfg.keyOrdering {
+		exists, valid, err := keyIndexState(db, w.cfg.table)
+		if err != nil {
+			return fmt.Errorf("outboxplugin: look up the per-key ordering index: %w", err)
+		}
+		if !exists || !valid {
+			state := "missing"
+			if exists {
+				state = "invalid (a failed CREATE INDEX CONCURRENTLY left it)"
+			}
+			return fmt.Errorf("outboxplugin: %w: %s on %s is %s; create it with outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex())",
+				errNoKeyIndex, keyIndexName(w.cfg.table), w.cfg.table, state)
+		}
 	}
-	if err := w.ensureKeyIndex(ctx); err != nil {
-		return err
+	if missing, err := missingStorageOptions(db, w.cfg.table); err == nil && len(missing) > 0 {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: the outbox table lacks the storage settings claims want; outboxplugin.AutoMigrate(db) sets them",
+			slog.String("worker", w.owner), slog.String("table", w.cfg.table), slog.Any("missing", missing))
 	}
 	w.prepared = true
-	return nil
-}
-
-// ensureKeyIndex creates the index per-key ordering probes.
-func (w *Worker) ensureKeyIndex(ctx context.Context) error {
-	if !w.cfg.keyOrdering {
-		return nil
-	}
-	name := "idx_" + strings.ReplaceAll(w.cfg.table, ".", "_") + "_key_pending"
-	db := w.db.WithContext(ctx)
-	var err error
-	switch w.sql.dialect {
-	case "mysql":
-		var n int64
-		err = db.Raw(`SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE()`+
-			` AND table_name = ? AND index_name = ?`, w.cfg.table, name).Scan(&n).Error
-		if err == nil && n == 0 {
-			err = db.Exec(`CREATE INDEX ` + name + ` ON ` + w.sql.table + ` (aggregate_type, aggregate_id, id)`).Error
-		}
-	case "postgres":
-		// Look first, and build a missing index CONCURRENTLY: CREATE INDEX, even IF NOT EXISTS an
-		// index that exists, takes a SHARE lock, which waits for every open write transaction on
-		// the table and holds up every write that comes after it — the application's stall.
-		qualified := name
-		if i := strings.LastIndex(w.cfg.table, "."); i >= 0 {
-			qualified = w.cfg.table[:i+1] + name
-		}
-		var exists bool
-		err = db.Raw(`SELECT to_regclass(?) IS NOT NULL`, qualified).Scan(&exists).Error
-		if err == nil && !exists {
-			err = db.Exec(`CREATE INDEX CONCURRENTLY IF NOT EXISTS ` + name + ` ON ` + w.sql.table +
-				` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
-		}
-	default:
-		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + w.sql.table +
-			` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
-	}
-	if err != nil {
-		return fmt.Errorf("outboxplugin: create the per-key ordering index %s: %w", name, err)
-	}
 	return nil
 }

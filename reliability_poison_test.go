@@ -222,6 +222,7 @@ func TestPoisonKeyDiesAndRequeuesInOrder(t *testing.T) {
 		const maxAttempts = 3
 		pub := newPoisonPublisher(func(m outboxplugin.Message) bool { return m.ID == head })
 		obs := &deadRecorder{}
+		require.NoError(t, outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()))
 		newKeyed := func() *outboxplugin.Worker {
 			return newWorker(t, db, pub, outboxplugin.WithKeyOrdering(), outboxplugin.WithBatchSize(4),
 				outboxplugin.WithPollInterval(10*time.Millisecond), outboxplugin.WithMaxAttempts(maxAttempts),

@@ -105,6 +105,7 @@ func runWorkers(t *testing.T, n int, newW func() *outboxplugin.Worker) (stop fun
 func TestKeyOrderingWithPoisonKey(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
+		require.NoError(t, outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()))
 		const keys, perKey = 20, 10
 		want := map[string][]string{} // key -> message ids in commit order
 		emit := func(key string) {
@@ -288,4 +289,37 @@ func TestOneNotificationPerTransaction(t *testing.T) {
 	}
 	require.NoError(t, wait(5*time.Second), "one notification for the committed transaction")
 	assert.ErrorIs(t, wait(300*time.Millisecond), context.DeadlineExceeded, "and no other")
+}
+
+// The worker runs no DDL: with per-key ordering and no index for it, it fails at once, saying what to
+// run, instead of building the index at run time; AutoMigrate with WithKeyOrderingIndex builds it, and
+// on PostgreSQL replaces an INVALID index that a failed CREATE INDEX CONCURRENTLY left behind.
+func TestKeyOrderingNeedsItsIndex(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, db.Create(&User{Name: "a"}).Error)
+		w := newWorker(t, db, newRecorder(), outboxplugin.WithKeyOrdering())
+		_, err := w.ProcessOnce(context.Background())
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "idx_outbox_events_key_pending")
+		assert.ErrorContains(t, err, "outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex())")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.Error(t, w.Run(ctx), "Run fails at once")
+		require.NoError(t, ctx.Err())
+
+		if d.name == "postgres" {
+			// A unique build over duplicate keys fails and leaves an INVALID index of that name.
+			require.NoError(t, db.Create(&User{Name: "b"}).Error)
+			err := db.Exec(`CREATE UNIQUE INDEX CONCURRENTLY idx_outbox_events_key_pending ON outbox_events (aggregate_type)`).Error
+			require.Error(t, err)
+			_, err = newWorker(t, db, newRecorder(), outboxplugin.WithKeyOrdering()).ProcessOnce(context.Background())
+			assert.ErrorContains(t, err, "invalid")
+		}
+		require.NoError(t, outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()))
+		require.NoError(t, outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()), "again: nothing to do")
+		n, err := newWorker(t, db, newRecorder(), outboxplugin.WithKeyOrdering()).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Positive(t, n)
+	})
 }

@@ -505,7 +505,10 @@ func TestPostgresStorageOptions(t *testing.T) {
 	require.NoError(t, db.Exec(`ALTER TABLE outbox_events SET (fillfactor = 90)`).Error)
 	_, err := newWorker(t, db, newRecorder()).ProcessOnce(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, "fillfactor=90,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions())
+	assert.Equal(t, "fillfactor=90", reloptions(), "the worker runs no DDL")
+	require.NoError(t, outboxplugin.AutoMigrate(db))
+	assert.Equal(t, "fillfactor=90,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000", reloptions(),
+		"AutoMigrate adds what is missing, and keeps a value of the user's")
 
 	require.NoError(t, db.Exec(`ALTER TABLE outbox_events RESET (fillfactor, autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold)`).Error)
 	require.NoError(t, outboxplugin.AutoMigrate(db))

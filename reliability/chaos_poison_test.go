@@ -50,7 +50,7 @@ func poisonScenario(t *testing.T, dialect string) {
 	if err := db.Migrator().DropTable(poisonOutbox); err != nil {
 		t.Fatal(err)
 	}
-	if err := outboxplugin.AutoMigrate(db); err != nil {
+	if err := outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -407,7 +407,10 @@ func TestLongWriteTransactionAtWorkerStartPostgres(t *testing.T) {
 		outboxplugin.WithTable(faultOutboxTable), outboxplugin.WithKeyOrdering(),
 		outboxplugin.WithPollInterval(faultPoll), outboxplugin.WithLogger(slog.New(logs)), outboxplugin.WithObserver(obs),
 	}
-	// A first worker creates the per-key index.
+	// The migration created the per-key index; a first worker has run.
+	if err := outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := faultMustWorker(t, db, ledger, options...).ProcessOnce(ctx); err != nil {
 		t.Fatalf("first worker: %v", err)
 	}
