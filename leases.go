@@ -45,6 +45,13 @@ func (w *Worker) hold(rows []claimedRow, claimed, until time.Time) *heldLease {
 	return h
 }
 
+// leaseEnd returns when h's lease runs out, as last stamped.
+func (w *Worker) leaseEnd(h *heldLease) time.Time {
+	w.leases.mu.Lock()
+	defer w.leases.mu.Unlock()
+	return h.until
+}
+
 // drop stops renewing h; after it returns, no renewal touches h's rows. It may be called again.
 func (w *Worker) drop(h *heldLease) {
 	if h == nil {

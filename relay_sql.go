@@ -487,11 +487,14 @@ func (q *relaySQL) bury(ctx context.Context, ex execer, owner string, ids []int6
 	return err
 }
 
-// postpone gives rows back to be claimed again at once, their claim's attempt given back, but still
-// stamped with owner: they stay marked as taken over from an unfinished delivery.
-func (q *relaySQL) postpone(ctx context.Context, ex execer, owner string, ids []int64, expired time.Time) error {
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET locked_until = ?, attempts = attempts - 1 WHERE `,
-		[]any{expired}, ids, ` AND locked_by = ?`, owner)
+// countAttempt adds delta to the attempts of rows leased to owner; with delta 0 it hands them back
+// (lease cleared) with their attempts as they are.
+func (q *relaySQL) countAttempt(ctx context.Context, ex execer, owner string, ids []int64, delta int) error {
+	set := `attempts = attempts + ` + strconv.Itoa(delta)
+	if delta == 0 {
+		set = `locked_by = NULL, locked_until = NULL`
+	}
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET `+set+` WHERE `, nil, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 

@@ -450,6 +450,14 @@ func (w *Worker) runBatch(ctx context.Context, carried **carriedBatch, ahead **c
 			return 0, false, err
 		}
 	}
+	if c.alone {
+		if *carried != nil {
+			w.finishCarried(ctx, *carried)
+			*carried = nil
+		}
+		n, err := w.deliverAlone(ctx, c)
+		return n, false, err
+	}
 	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
 	// published marks it, even when this batch is short — unless the publisher has become too fast
 	// for the overlap to pay.
@@ -556,6 +564,9 @@ func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
 	if err != nil || len(c.rows) == 0 {
 		return 0, err
 	}
+	if c.alone {
+		return w.deliverAlone(ctx, c)
+	}
 	w.publishBatch(ctx, c)
 	n, _, _, err := w.completeBatch(ctx, c, false)
 	return n, err
@@ -584,6 +595,9 @@ type claimedBatch struct {
 	lease *heldLease
 	out   []delivery // what the publish did with each message
 	res   BatchResult
+	// alone: the rows were taken over from unfinished deliveries; each is published and recorded on
+	// its own (deliverAlone).
+	alone bool
 }
 
 // claimBatch claims the next batch, marking prev done in the same statement or transaction (and
@@ -618,7 +632,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
 	c.res.Claimed = len(rows)
-	rows = w.isolateUnfinished(ctx, w.buryUnpublishable(ctx, rows))
+	rows, c.alone = w.isolateUnfinished(ctx, w.buryUnpublishable(ctx, rows))
 	c.rows = rows
 	if len(rows) == 0 {
 		return c, nil
@@ -668,48 +682,6 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 		w.cfg.observer.Dead(ctx, r.msg, err)
 	}
 	return good
-}
-
-// isolateUnfinished narrows a claimed batch that took over rows whose delivery never finished — one
-// of them may be an event whose publish kills the relay — to the oldest such row, published alone.
-// The other such rows are postponed (claimable at once, their attempt given back, still marked as
-// unfinished) and the rest handed back, for the next claims to take. So a crash counts an attempt
-// against one event only: an event that keeps killing relays reaches its maximum alone and is buried,
-// while its batch-mates go out one per claim meanwhile, instead of dying with it.
-func (w *Worker) isolateUnfinished(ctx context.Context, rows []claimedRow) []claimedRow {
-	first := slices.IndexFunc(rows, func(r claimedRow) bool { return r.unfinished })
-	if first < 0 || len(rows) == 1 {
-		return rows // the usual case
-	}
-	var postponed, released []int64
-	for i, r := range rows {
-		switch {
-		case i == first:
-		case r.unfinished:
-			postponed = append(postponed, r.id)
-		default:
-			released = append(released, r.id)
-		}
-	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	err := w.sql.inTx(fctx, func(tx *sql.Tx) error {
-		if len(postponed) > 0 {
-			if err := w.sql.postpone(fctx, tx, w.owner, postponed, time.Unix(0, 0).UTC()); err != nil {
-				return err
-			}
-		}
-		if len(released) > 0 {
-			return w.sql.release(fctx, tx, w.owner, released, "")
-		}
-		return nil
-	})
-	if err != nil {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not set aside events taken over from an unfinished delivery; publishing them together",
-			slog.String("worker", w.owner), slog.Int("events", len(rows)), slog.Any("error", err))
-		return rows
-	}
-	return rows[first : first+1]
 }
 
 // unpublishable: the row cannot be read, or this claim is one delivery more than the maximum (every

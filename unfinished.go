@@ -1,0 +1,128 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// Events whose publish kills the relay. Such an event never returns a failure: its attempt is counted
+// at claim, its lease runs out, and the claim that takes it over (and, with it, every batch-mate that
+// died with it) sees rows whose delivery did not finish (claimedRow.unfinished). Published together
+// again, they would crash the next relay together, each crash counting an attempt against all of them,
+// until every one of them reached its maximum: the poison would take its batch-mates to dead with it.
+//
+// So a claim that finds such rows publishes them one by one, each recorded before the next starts,
+// and counts an attempt only for the delivery under way: the claim's attempt is given back for all but
+// the first, and counted again just before each is published. A crash then counts an attempt against
+// one event only; the ones before it are done, the ones after it untouched. The rest of the batch (rows
+// of no unfinished delivery) is handed back for the next claim. A claim never hands out an event whose
+// attempts already reached the maximum: buryUnpublishable makes it dead first.
+
+// isolateUnfinished returns the rows of a claimed batch to publish one by one, with alone set, when the
+// batch holds rows taken over from unfinished deliveries; otherwise rows as they are.
+func (w *Worker) isolateUnfinished(ctx context.Context, rows []claimedRow) ([]claimedRow, bool) {
+	if !slices.ContainsFunc(rows, func(r claimedRow) bool { return r.unfinished }) {
+		return rows, false // the usual case
+	}
+	var unfinished []claimedRow
+	var later, fresh []int64
+	for _, r := range rows {
+		switch {
+		case !r.unfinished:
+			fresh = append(fresh, r.id)
+		case len(unfinished) == 0:
+			unfinished = append(unfinished, r)
+		default:
+			r.msg.Attempt--
+			unfinished = append(unfinished, r)
+			later = append(later, r.id)
+		}
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	err := w.sql.inTx(fctx, func(tx *sql.Tx) error {
+		if len(later) > 0 {
+			if err := w.sql.countAttempt(fctx, tx, w.owner, later, -1); err != nil {
+				return err
+			}
+		}
+		if len(fresh) > 0 {
+			return w.sql.release(fctx, tx, w.owner, fresh, "")
+		}
+		return nil
+	})
+	if err != nil {
+		// Publish the batch as it is: a crash would count against all of it, once more.
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not set apart events taken over from unfinished deliveries; publishing them together",
+			slog.String("worker", w.owner), slog.Int("events", len(rows)), slog.Any("error", err))
+		return rows, false
+	}
+	return unfinished, true
+}
+
+// deliverAlone publishes and records the rows of c one at a time (see isolateUnfinished), and reports
+// them to the observer as one batch.
+func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published int, err error) {
+	held := c.lease // the rows not recorded yet, renewed meanwhile
+	defer func() { w.drop(held) }()
+	res := c.res
+	start := time.Now()
+	for i := range c.rows {
+		if i > 0 {
+			until := w.leaseEnd(held)
+			w.drop(held)
+			held = w.hold(c.rows[i:], time.Now(), until)
+		}
+		r := c.rows[i]
+		// Found by id: the statements before (this one's attempt, renewals) moved it on PostgreSQL.
+		r.ctid = ""
+		if ctx.Err() != nil {
+			// Stopping: the rest were not started, and their attempts were given back already.
+			ids := rowIDs(c.rows[i:])
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+			err := w.sql.countAttempt(fctx, w.sql.db, w.owner, ids, 0)
+			cancel()
+			if err != nil {
+				return published, fmt.Errorf("outboxplugin: hand back events: %w", err)
+			}
+			res.Released += len(ids)
+			break
+		}
+		if i > 0 {
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+			err := w.sql.countAttempt(fctx, w.sql.db, w.owner, []int64{r.id}, +1)
+			cancel()
+			if err != nil {
+				return published, fmt.Errorf("outboxplugin: count an attempt: %w", err)
+			}
+			r.msg.Attempt++
+		}
+		out, unknown := w.deliver(ctx, []Message{r.msg})
+		if len(unknown) > 0 {
+			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
+				slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)))
+		}
+		one := BatchResult{}
+		if _, err := w.finish(ctx, []claimedRow{r}, out, &one); err != nil {
+			return published, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
+		}
+		published += len(one.Published)
+		res.Published = append(res.Published, one.Published...)
+		res.Failed = append(res.Failed, one.Failed...)
+		res.NotDelivered = append(res.NotDelivered, one.NotDelivered...)
+		res.Released += one.Released
+		res.LeaseLost += one.LeaseLost
+	}
+	res.PublishDuration = time.Since(start)
+	w.cfg.observer.BatchDone(ctx, res)
+	for _, f := range res.Failed {
+		if f.Dead {
+			w.cfg.observer.Dead(ctx, f.Message, f.Err)
+		}
+	}
+	return published, nil
+}
