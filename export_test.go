@@ -2,6 +2,7 @@ package outboxplugin
 
 import (
 	"context"
+	"database/sql"
 	"time"
 )
 
@@ -40,4 +41,10 @@ func HoldCleanupLock(ctx context.Context, w *Worker) (release func(), got bool, 
 // CleanupTurn is one turn of Run's periodic cleanup: ran is false when another relay held the lock.
 func CleanupTurn(ctx context.Context, w *Worker, olderThan time.Duration) (deleted int64, ran bool, err error) {
 	return w.cleanupOnce(ctx, olderThan, true)
+}
+
+// UseClaimIsolation sets the isolation level of w's MySQL/MariaDB claim transactions (the default is
+// READ COMMITTED), so that benchmarks can compare it with REPEATABLE READ.
+func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
+	w.sql.claimTx = &sql.TxOptions{Isolation: level}
 }

@@ -46,6 +46,13 @@ type relaySQL struct {
 
 	keyOrdering bool
 	batchSize   int
+
+	// claimTx are the options of a MySQL/MariaDB claim's transaction: READ COMMITTED. Under the
+	// default REPEATABLE READ, the claim's locking read takes next-key locks on the range of the
+	// (processed, created_at) index it scans, the gap after its last row included — where every new
+	// event of the application goes — so the application's outbox inserts wait for the claim to
+	// commit. READ COMMITTED takes record locks only (and SKIP LOCKED skips the rows others hold).
+	claimTx *sql.TxOptions
 }
 
 // returnedColumns are the columns a claim reads back, in scan order.
@@ -73,7 +80,8 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 		return nil, fmt.Errorf("the relay needs a *sql.DB: %w", err)
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &relaySQL{dialect: dialect, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize}
+	q := &relaySQL{dialect: dialect, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize,
+		claimTx: &sql.TxOptions{Isolation: sql.LevelReadCommitted}}
 
 	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
 	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
@@ -273,7 +281,11 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 	}
 
 	var claimed []claimedRow
-	err := q.inTx(ctx, func(tx *sql.Tx) error {
+	var opts *sql.TxOptions
+	if q.dialect == "mysql" {
+		opts = q.claimTx
+	}
+	err := q.inTxAt(ctx, opts, func(tx *sql.Tx) error {
 		if prev != nil {
 			if _, err := q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
 				return err
@@ -304,7 +316,12 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time
 
 // inTx runs fn in a transaction.
 func (q *relaySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := q.db.BeginTx(ctx, nil)
+	return q.inTxAt(ctx, nil, fn)
+}
+
+// inTxAt runs fn in a transaction with the given options (nil: the database's defaults).
+func (q *relaySQL) inTxAt(ctx context.Context, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+	tx, err := q.db.BeginTx(ctx, opts)
 	if err != nil {
 		return err
 	}
