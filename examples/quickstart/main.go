@@ -46,7 +46,10 @@ func run() error {
 	if err := db.Use(outboxplugin.New()); err != nil {
 		return err
 	}
-	if err := db.AutoMigrate(&User{}, &outboxplugin.OutboxEvent{}); err != nil {
+	if err := db.AutoMigrate(&User{}); err != nil {
+		return err
+	}
+	if err := outboxplugin.AutoMigrate(db); err != nil { // the outbox table: the relay runs no DDL
 		return err
 	}
 
