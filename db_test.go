@@ -1,7 +1,11 @@
 package outboxplugin_test
 
 import (
+	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,7 +26,17 @@ import (
 // This package works in a database of its own on each server (testDatabase), so other packages can
 // run their tests at the same time.
 
-const testDatabase = "outboxplugin_core"
+// testDatabase is the database of this run on each server. Its random suffix keeps two runs on one
+// server (two CI jobs, a developer beside CI) out of each other's tables, and lets TestMain drop it
+// without pulling it from under another run.
+var testDatabase = "outboxplugin_core_" + runToken()
+
+// runToken returns a random token, lower-case hexadecimal so that it can end an unquoted database name.
+func runToken() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 func postgresServerDSN() string {
 	if dsn := os.Getenv("OUTBOX_POSTGRES_DSN"); dsn != "" {
@@ -51,9 +65,10 @@ type dialect struct {
 }
 
 var (
-	pgOnce, myOnce sync.Once
-	pgPool, myPool *sql.DB
-	pgErr, myErr   error
+	pgOnce, myOnce       sync.Once
+	pgPool, myPool       *sql.DB
+	pgErr, myErr         error
+	pgCreated, myCreated bool // testDatabase was created on the server, for dropTestDatabases
 )
 
 func postgresPool() (*sql.DB, error) {
@@ -68,17 +83,11 @@ func postgresPool() (*sql.DB, error) {
 			pgErr = err
 			return
 		}
-		var exists bool
-		if err = admin.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, testDatabase).Scan(&exists); err != nil {
-			pgErr = err
+		if _, err = admin.Exec(`CREATE DATABASE ` + testDatabase); err != nil {
+			pgErr = fmt.Errorf("create database %s: %w", testDatabase, err)
 			return
 		}
-		if !exists {
-			if _, err = admin.Exec(`CREATE DATABASE ` + testDatabase); err != nil && !strings.Contains(err.Error(), "already exists") {
-				pgErr = err
-				return
-			}
-		}
+		pgCreated = true
 		dsn := postgresServerDSN()
 		dsn = replaceDSNField(dsn, "dbname", testDatabase)
 		pgPool, pgErr = sql.Open("pgx", dsn)
@@ -102,10 +111,11 @@ func mysqlPool() (*sql.DB, error) {
 			myErr = err
 			return
 		}
-		if _, err = admin.Exec("CREATE DATABASE IF NOT EXISTS " + testDatabase); err != nil {
-			myErr = err
+		if _, err = admin.Exec("CREATE DATABASE " + testDatabase); err != nil {
+			myErr = fmt.Errorf("create database %s: %w", testDatabase, err)
 			return
 		}
+		myCreated = true
 		dsn := mysqlServerDSN()
 		if i := strings.Index(dsn, "/"); i >= 0 {
 			rest := dsn[i+1:]
@@ -127,6 +137,55 @@ func mysqlPool() (*sql.DB, error) {
 		}
 	})
 	return myPool, myErr
+}
+
+// dropTestDatabases drops testDatabase on each server where this process created it, after closing
+// the package's pool there. TestMain calls it once every test has ended; a database of another run,
+// with another name, is never touched.
+func dropTestDatabases() error {
+	var errs []error
+	if pgCreated {
+		if pgPool != nil {
+			pgPool.Close()
+		}
+		// WITH (FORCE) ends the sessions a test left behind (a leaked pool, a goroutine still
+		// running), which would otherwise make the drop fail.
+		errs = append(errs, dropDatabase("pgx", postgresServerDSN(), `DROP DATABASE IF EXISTS `+testDatabase+` WITH (FORCE)`))
+	}
+	if myCreated {
+		if myPool != nil {
+			myPool.Close()
+		}
+		errs = append(errs, dropDatabase("mysql", mysqlServerDSN(), "DROP DATABASE IF EXISTS "+testDatabase))
+	}
+	return errors.Join(errs...)
+}
+
+// dropDatabase runs the drop statement on the server at dsn, within a minute.
+func dropDatabase(driver, dsn, drop string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := sql.Open(driver, dsn)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	conn, err := admin.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", drop, err)
+	}
+	defer conn.Close()
+	if driver == "mysql" {
+		// A transaction a test left open holds a metadata lock that DROP DATABASE waits for, by
+		// default for a day or more; the server gives up on its own before the context ends.
+		if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = 45"); err != nil {
+			return fmt.Errorf("%s: %w", drop, err)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, drop); err != nil {
+		return fmt.Errorf("%s: %w", drop, err)
+	}
+	return nil
 }
 
 func pingTimeout(db *sql.DB) error {

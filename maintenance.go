@@ -157,17 +157,15 @@ func (q *relaySQL) tryCleanupLock(ctx context.Context, conn *sql.Conn) (release 
 			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key)
 		}, true, nil
 	case "mysql":
-		if len(name) > 64 { // GET_LOCK's limit
-			h := fnv.New64a()
-			_, _ = h.Write([]byte(name))
-			name = fmt.Sprintf("outboxplugin.cleanup.%x", h.Sum64())
-		}
+		// GET_LOCK's names are server-wide: the name holds the database's, hashed to fit its 64
+		// characters.
+		const lockName = `CONCAT('outboxplugin.cleanup.', SHA1(CONCAT(DATABASE(), '.', ?)))`
 		var n sql.NullInt64
-		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(?, 0)`, name).Scan(&n); err != nil || n.Int64 != 1 {
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+lockName+`, 0)`, name).Scan(&n); err != nil || n.Int64 != 1 {
 			return nil, false, err
 		}
 		return func() {
-			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(?)`, name)
+			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(`+lockName+`)`, name)
 		}, true, nil
 	default:
 		return func() {}, true, nil

@@ -201,54 +201,155 @@ func TestWorkerRenewsTheLeaseWhilePublishing(t *testing.T) {
 	})
 }
 
+// overlapShare is the share of a claim's time that publishing must take for Run to claim ahead
+// (relay.md, "Pipelining": at least an eighth, judged by the batch before).
+const overlapShare = 8
+
+// judgedFast reports whether a worker that measured r takes its publisher for one that returns at
+// once: the batch took less than an eighth of its claim's time to publish.
+func judgedFast(r outboxplugin.BatchResult) bool {
+	return r.PublishDuration*overlapShare < r.ClaimDuration
+}
+
+// paceRecorder is an Observer that keeps what the worker measured of each batch, by the id of the
+// batch's first message.
+type paceRecorder struct {
+	outboxplugin.NopObserver
+	mu      sync.Mutex
+	batches map[string]outboxplugin.BatchResult
+}
+
+// BatchDone records r.
+func (p *paceRecorder) BatchDone(_ context.Context, r outboxplugin.BatchResult) {
+	if len(r.Published) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.batches[r.Published[0].ID] = r
+}
+
+// result returns what the worker measured of the batch whose first message is firstID, once it is
+// done.
+func (p *paceRecorder) result(firstID string) (outboxplugin.BatchResult, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.batches[firstID]
+	return r, ok
+}
+
 // Run claims ahead only while publishing takes long enough for the overlap to pay: behind a publisher
 // that returns at once it claims one batch at a time (a batch claimed ahead would only be more leased
 // rows for other workers' claims to step over), and it claims ahead again once publishing slows down.
+//
+// Fast and slow are the worker's own measures (BatchResult's ClaimDuration and PublishDuration), and
+// load stretches them: a publish that returns at once can be descheduled long enough to count as slow.
+// So the test judges each batch as the worker does, from the durations the observer reports, and
+// checks the worker's choice against that judgement, whatever the machine's load. It publishes in
+// rounds of three batches — one that returns at once; a probe that waits for a batch claimed beside
+// its own, which must not come, and so takes time; then one that waits for the claim ahead that must
+// come — until it has seen each case once.
 func TestWorkerClaimsAheadOnlyWhilePublishingTakesTime(t *testing.T) {
+	const (
+		batchSize = 10
+		maxRounds = 8 // one is enough unless load makes a publish pass for what it is not
+		// probeWait is how long the probe waits for a claim ahead: the time the claim, were it
+		// made, would take to show, and what makes the probe slow.
+		probeWait = 300 * time.Millisecond
+	)
+	type round struct {
+		fast, probe string // the first message id of the batch that returned at once, and of the probe
+		// probeSawAhead: a batch was claimed beside the probe's; afterSawAhead: beside the one after.
+		probeSawAhead, afterSawAhead bool
+	}
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
-		require.NoError(t, db.Create(make([]User, 70)).Error)
+		// A batch to spare after the last round, so that the claim ahead it waits for finds rows.
+		require.NoError(t, db.Create(make([]User, (3*maxRounds+1)*batchSize)).Error)
+		pace := &paceRecorder{batches: map[string]outboxplugin.BatchResult{}}
 
 		var (
-			mu               sync.Mutex
-			calls            int
-			got              []string
-			aheadWhileFast   = true
-			aheadWhileSlowed bool
+			mu     sync.Mutex
+			got    []string
+			rounds []round
+			cur    round
+			step   int // of the round: 0 fast, 1 probe, 2 after; 3 once both cases have been seen
 		)
+		// claimedBeside reports whether rows besides the batch being published are leased: the batch
+		// claimed ahead, or the batch before, still carried to the claim ahead that marks it.
+		claimedBeside := func(msgs []outboxplugin.Message) bool { return leasedCount(t, db) > int64(len(msgs)) }
+		seenBoth := func() bool {
+			var fast, slow bool
+			for _, r := range rounds {
+				if res, ok := pace.result(r.fast); ok && judgedFast(res) {
+					fast = true
+				}
+				if res, ok := pace.result(r.probe); ok && !judgedFast(res) {
+					slow = true
+				}
+			}
+			return fast && slow
+		}
 		pub := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
 			mu.Lock()
-			calls++
-			call := calls
-			mu.Unlock()
-			// Calls 1 to 3 return at once. Call 4 waits 300 ms for a batch claimed beside its own,
-			// which must not come: the calls before it were fast. Having been slow, call 5 waits for
-			// the claim ahead that must come.
-			wait := map[int]time.Duration{4: 300 * time.Millisecond, 5: 10 * time.Second}[call]
-			deadline := time.Now().Add(wait)
-			for time.Now().Before(deadline) && leasedCount(t, db) < 20 {
-				time.Sleep(5 * time.Millisecond)
-			}
-			mu.Lock()
 			defer mu.Unlock()
-			switch call {
-			case 4:
-				aheadWhileFast = leasedCount(t, db) > int64(len(msgs))
-			case 5:
-				aheadWhileSlowed = leasedCount(t, db) == 20
-			}
 			for _, m := range msgs {
 				got = append(got, m.ID)
 			}
+			switch step {
+			case 0: // returns at once
+				cur = round{fast: msgs[0].ID}
+				step = 1
+			case 1:
+				cur.probe = msgs[0].ID
+				for deadline := time.Now().Add(probeWait); !cur.probeSawAhead && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+					cur.probeSawAhead = claimedBeside(msgs)
+				}
+				step = 2
+			case 2:
+				// The claim ahead comes at once if the worker judged the probe slow. Judged fast
+				// (only if the probe's claim took eight times its wait), the probe is reported
+				// done before this publish starts, and no claim ahead is to come. The deadline
+				// only keeps a broken worker from hanging the test.
+				for deadline := time.Now().Add(10 * time.Second); !cur.afterSawAhead && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+					if res, ok := pace.result(cur.probe); ok && judgedFast(res) {
+						break
+					}
+					cur.afterSawAhead = claimedBeside(msgs)
+				}
+				rounds = append(rounds, cur)
+				step = 0
+				if seenBoth() || len(rounds) == maxRounds {
+					step = 3
+				}
+			}
 			return nil
 		})
-		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(10), outboxplugin.WithPollInterval(10*time.Millisecond))
+		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(batchSize), outboxplugin.WithPollInterval(10*time.Millisecond),
+			outboxplugin.WithObserver(pace))
 		runUntilDrained(t, db, w)
 
 		mu.Lock()
 		defer mu.Unlock()
-		assert.False(t, aheadWhileFast, "claimed ahead behind a publisher that returns at once")
-		assert.True(t, aheadWhileSlowed, "did not claim ahead once publishing took time")
+		var fast, slow int
+		for i, r := range rounds {
+			res, ok := pace.result(r.fast)
+			require.True(t, ok, "round %d: the batch that returned at once was never reported done", i)
+			if judgedFast(res) {
+				fast++
+				assert.False(t, r.probeSawAhead, "round %d: claimed ahead behind a publisher that returned at once (claim %v, publish %v)",
+					i, res.ClaimDuration, res.PublishDuration)
+			}
+			res, ok = pace.result(r.probe)
+			require.True(t, ok, "round %d: the probe's batch was never reported done", i)
+			if !judgedFast(res) {
+				slow++
+				assert.True(t, r.afterSawAhead, "round %d: did not claim ahead once publishing took time (claim %v, publish %v)",
+					i, res.ClaimDuration, res.PublishDuration)
+			}
+		}
+		assert.NotZero(t, fast, "in %d rounds, no publish that returns at once was measured as one", len(rounds))
+		assert.NotZero(t, slow, "in %d rounds, no probe was measured as slow", len(rounds))
 		var want []string
 		for _, e := range loadEvents(t, db) {
 			want = append(want, e.MessageID)

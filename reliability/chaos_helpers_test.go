@@ -27,8 +27,18 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// chaosDatabase is the database the kill tests use on PostgreSQL and MariaDB, of their own.
-const chaosDatabase = "outboxplugin_rel_kill"
+// chaosDatabase is the database the kill tests use on PostgreSQL and MariaDB, of their own. Its
+// random suffix makes it this run's alone, so that two runs on one server never share it and TestMain
+// can drop it when the tests end.
+var chaosDatabase = "outboxplugin_rel_kill_" + chaosToken()
+
+// chaosToken returns a random token, lower-case hexadecimal so that it can end an unquoted database
+// name.
+func chaosToken() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
 // chaosRedisAddr is the Redis server the relays publish to.
 func chaosRedisAddr() string {
@@ -48,9 +58,9 @@ type chaosDialect struct {
 // chaosDialects are the databases of the matrix, in the order the tests run them.
 var chaosDialects = []string{"postgres", "mysql", "sqlite"}
 
-// chaosDialectFor prepares the database of dialect name: chaosDatabase on the server (created when
-// missing), or a file in t's temporary directory for SQLite. An unreachable server skips the test, or
-// fails it with OUTBOX_REQUIRE_DBS=1.
+// chaosDialectFor prepares the database of dialect name: chaosDatabase on the server (created by the
+// first test that needs it, and dropped by TestMain), or a file in t's temporary directory for SQLite.
+// An unreachable server skips the test, or fails it with OUTBOX_REQUIRE_DBS=1.
 func chaosDialectFor(t *testing.T, name string) chaosDialect {
 	t.Helper()
 	switch name {
@@ -70,9 +80,10 @@ func chaosDialectFor(t *testing.T, name string) chaosDialect {
 			if err := db.Raw(`SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = ?)`, chaosDatabase).Scan(&exists).Error; err != nil || exists {
 				return err
 			}
-			if err := db.Exec(`CREATE DATABASE ` + chaosDatabase).Error; err != nil && !strings.Contains(err.Error(), "already exists") {
+			if err := db.Exec(`CREATE DATABASE ` + chaosDatabase).Error; err != nil {
 				return err
 			}
+			DropAfterTests(name, server, chaosDatabase)
 			return nil
 		})
 		if err != nil {
@@ -85,7 +96,13 @@ func chaosDialectFor(t *testing.T, name string) chaosDialect {
 			server = "root@tcp(127.0.0.1:3306)/"
 		}
 		err := chaosAdmin(name, server, func(db *gorm.DB) error {
-			return db.Exec(`CREATE DATABASE IF NOT EXISTS ` + chaosDatabase).Error
+			if err := db.Exec(`CREATE DATABASE IF NOT EXISTS ` + chaosDatabase).Error; err != nil {
+				return err
+			}
+			// The name is this run's alone: whether this call or an earlier test made it, this
+			// process created it.
+			DropAfterTests(name, server, chaosDatabase)
+			return nil
 		})
 		if err != nil {
 			chaosUnreachable(t, "MariaDB/MySQL", err)
@@ -218,9 +235,7 @@ func chaosDuration(t *testing.T, def time.Duration, runs int) time.Duration {
 
 // chaosName returns a name unique to this run, for Redis streams.
 func chaosName(parts ...string) string {
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	return "outboxrel:" + strings.Join(parts, ":") + ":" + hex.EncodeToString(b[:])
+	return "outboxrel:" + strings.Join(parts, ":") + ":" + chaosToken()
 }
 
 // chaosRedis returns a client of the Redis server, after making the test depend on it (skipped when

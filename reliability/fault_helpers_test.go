@@ -28,6 +28,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/gorm-outbox/outboxplugin"
+	"github.com/gorm-outbox/outboxplugin/reliability"
 	gormmysql "gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -35,8 +36,9 @@ import (
 )
 
 // faultDatabase is the database these scenarios use on PostgreSQL and on MariaDB; no other package
-// touches it.
-const faultDatabase = "outboxplugin_rel_fault"
+// touches it. Its random suffix makes it this run's alone, so that two runs on one server never share
+// it and TestMain can drop it when the tests end.
+var faultDatabase = "outboxplugin_rel_fault_" + faultToken()
 
 // Tables of the scenarios. The tests of this package run one after the other, and each scenario drops
 // and recreates both tables before it starts.
@@ -126,7 +128,8 @@ var (
 	faultMyErr  error
 )
 
-// faultEnsurePostgres creates faultDatabase on the PostgreSQL server once per test binary.
+// faultEnsurePostgres creates faultDatabase on the PostgreSQL server once per test binary, for
+// TestMain to drop when the tests end.
 func faultEnsurePostgres() error {
 	faultPGOnce.Do(func() {
 		admin, err := sql.Open("pgx", faultPostgresServerDSN())
@@ -138,15 +141,11 @@ func faultEnsurePostgres() error {
 		if faultPGErr = faultPing(admin); faultPGErr != nil {
 			return
 		}
-		var exists bool
-		if faultPGErr = admin.QueryRow(`SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, faultDatabase).Scan(&exists); faultPGErr != nil {
+		if _, err := admin.Exec(`CREATE DATABASE ` + faultDatabase); err != nil {
+			faultPGErr = fmt.Errorf("create database %s: %w", faultDatabase, err)
 			return
 		}
-		if !exists {
-			if _, err := admin.Exec(`CREATE DATABASE ` + faultDatabase); err != nil && !strings.Contains(err.Error(), "already exists") {
-				faultPGErr = err
-			}
-		}
+		reliability.DropAfterTests("postgres", faultPostgresServerDSN(), faultDatabase)
 	})
 	return faultPGErr
 }
@@ -197,11 +196,13 @@ func faultMySQLConfig(tb testing.TB, dbname, user, password string) *mysql.Confi
 	return cfg
 }
 
-// faultEnsureMySQL creates faultDatabase on the MariaDB/MySQL server once per test binary.
+// faultEnsureMySQL creates faultDatabase on the MariaDB/MySQL server once per test binary, for
+// TestMain to drop when the tests end.
 func faultEnsureMySQL(tb testing.TB) error {
 	tb.Helper()
 	faultMyOnce.Do(func() {
-		admin, err := sql.Open("mysql", faultMySQLConfig(tb, "", "", "").FormatDSN())
+		adminDSN := faultMySQLConfig(tb, "", "", "").FormatDSN()
+		admin, err := sql.Open("mysql", adminDSN)
 		if err != nil {
 			faultMyErr = err
 			return
@@ -210,7 +211,11 @@ func faultEnsureMySQL(tb testing.TB) error {
 		if faultMyErr = faultPing(admin); faultMyErr != nil {
 			return
 		}
-		_, faultMyErr = admin.Exec("CREATE DATABASE IF NOT EXISTS " + faultDatabase)
+		if _, err := admin.Exec("CREATE DATABASE " + faultDatabase); err != nil {
+			faultMyErr = fmt.Errorf("create database %s: %w", faultDatabase, err)
+			return
+		}
+		reliability.DropAfterTests("mysql", adminDSN, faultDatabase)
 	})
 	return faultMyErr
 }
