@@ -153,14 +153,6 @@ func validJSON(b []byte) (string, error) {
 	return string(b), nil
 }
 
-// isJSON reports whether b is a JSON document in UTF-8. json.Valid alone accepts invalid UTF-8
-// inside strings (the decoder would replace it), which PostgreSQL's jsonb and MySQL's json refuse and
-// SQLite would store and the relay publish as it is; JSON exchanged between systems must be UTF-8
-// (RFC 8259, section 8.1).
-func isJSON(b []byte) bool {
-	return utf8.Valid(b) && json.Valid(b)
-}
-
 // encodeHeaders encodes headers as a JSON object; no headers is SQL NULL (nil).
 func encodeHeaders(h map[string]string) (*string, error) {
 	if len(h) == 0 {

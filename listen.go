@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
-	"strings"
 	"time"
 )
 
@@ -108,9 +107,4 @@ func waitForNotification(ctx context.Context, driverConn any) error {
 		return errV.Interface().(error)
 	}
 	return nil
-}
-
-// quotePGIdent quotes a (validated) table name as one identifier, the channel name.
-func quotePGIdent(name string) string {
-	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
 }

@@ -214,15 +214,6 @@ var pgStorageOptions = []struct{ name, value string }{
 // errOutboxTableMissing: setStorageOptions found no table of that name.
 var errOutboxTableMissing = errors.New("no such outbox table")
 
-// pgQuotedName quotes each part of a (possibly schema-qualified) table name for PostgreSQL.
-func pgQuotedName(name string) string {
-	parts := strings.Split(name, ".")
-	for i, p := range parts {
-		parts[i] = quotePGIdent(p)
-	}
-	return strings.Join(parts, ".")
-}
-
 // missingStorageOptions returns the pgStorageOptions a PostgreSQL table has no value for ("name =
 // value"), or errOutboxTableMissing; nothing on other databases.
 func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
