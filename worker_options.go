@@ -1,0 +1,221 @@
+package outboxplugin
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// The worker's options and their defaults.
+
+type workerConfig struct {
+	table           string
+	batchSize       int
+	pollInterval    time.Duration
+	lease           time.Duration
+	publishTimeout  time.Duration
+	maxAttempts     int
+	retry           RetryPolicy
+	keyOrdering     bool
+	deleteOnPublish bool
+	cleanupEvery    time.Duration
+	retention       time.Duration
+	listen          bool
+	backlogEvery    time.Duration
+	logger          *slog.Logger
+	observer        Observer
+}
+
+// WorkerOption configures a Worker.
+type WorkerOption func(*workerConfig) error
+
+// Defaults of the worker's options.
+const (
+	DefaultBatchSize      = 100
+	DefaultPollInterval   = time.Second
+	DefaultPublishTimeout = 30 * time.Second
+	DefaultLease          = 5 * time.Second
+	DefaultMaxAttempts    = 10
+	DefaultRetention      = 7 * 24 * time.Hour
+	DefaultBacklogEvery   = 15 * time.Second
+)
+
+// WithBatchSize sets how many events one batch claims and publishes (default 100, at most 10000).
+func WithBatchSize(n int) WorkerOption {
+	return func(c *workerConfig) error {
+		if n < 1 || n > 10000 {
+			return fmt.Errorf("%w: batch size %d not in 1..10000", ErrInvalidOption, n)
+		}
+		c.batchSize = n
+		return nil
+	}
+}
+
+// WithPollInterval sets how long Run waits after a batch that was not full before it looks again
+// (default 1 s). On PostgreSQL a notification wakes it at once when events are committed; polling
+// is then only the fallback.
+func WithPollInterval(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: poll interval %v", ErrInvalidOption, d)
+		}
+		c.pollInterval = d
+		return nil
+	}
+}
+
+// WithPublishTimeout bounds each call to the publisher (default 30 s): a broker that hangs costs one
+// timeout, after which the batch counts as failed and is retried.
+func WithPublishTimeout(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: publish timeout %v", ErrInvalidOption, d)
+		}
+		c.publishTimeout = d
+		return nil
+	}
+}
+
+// WithLease sets how long a claimed event stays reserved for the worker that claimed it without
+// being renewed (default 5 s, at least 1 s). While a worker holds a batch — publishing it, or waiting
+// to — it renews the lease every third of it, up to the batch's publish timeout (and the batch claimed
+// ahead's wait for the one before it); a worker that dies (SIGKILL, out of memory, a lost machine)
+// stops renewing, and its events go to the other workers once the lease runs out. The lease is then
+// the failover time; shorten it and renewals come more often.
+func WithLease(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d < MinLease {
+			return fmt.Errorf("%w: lease %v shorter than %v", ErrInvalidOption, d, MinLease)
+		}
+		c.lease = d
+		return nil
+	}
+}
+
+// MinLease is the shortest lease WithLease accepts: a renewal every third of it must have time for a
+// database round trip on a loaded machine.
+const MinLease = time.Second
+
+// WithMaxAttempts sets how many deliveries an event gets before it is dead (default 10). Every claim
+// counts, including one cut short by a crash.
+func WithMaxAttempts(n int) WorkerOption {
+	return func(c *workerConfig) error {
+		if n < 1 {
+			return fmt.Errorf("%w: max attempts %d", ErrInvalidOption, n)
+		}
+		c.maxAttempts = n
+		return nil
+	}
+}
+
+// WithRetryPolicy sets the wait between deliveries of a failing event (default DefaultRetryPolicy).
+func WithRetryPolicy(p RetryPolicy) WorkerOption {
+	return func(c *workerConfig) error {
+		if p == nil {
+			return fmt.Errorf("%w: nil retry policy", ErrInvalidOption)
+		}
+		c.retry = p
+		return nil
+	}
+}
+
+// WithKeyOrdering turns on strict per-key ordering: the events of one message key (aggregate) are
+// published one after another in the order the relay sees them committed, never by two workers at
+// once, and an event that fails holds back only the later events of its own key — until it is
+// published, or, once dead, until it is requeued. Each batch takes at most one event per key. The
+// worker creates the index this needs, (aggregate_type, aggregate_id, id) over unprocessed rows, the
+// first time it runs.
+func WithKeyOrdering() WorkerOption {
+	return func(c *workerConfig) error {
+		c.keyOrdering = true
+		return nil
+	}
+}
+
+// WithDeleteOnPublish deletes events once published instead of marking them processed.
+func WithDeleteOnPublish() WorkerOption {
+	return func(c *workerConfig) error {
+		c.deleteOnPublish = true
+		return nil
+	}
+}
+
+// WithCleanup makes Run delete processed events older than the retention (WithRetention, default 7
+// days) every interval, beside its publishing loop (never delaying a claim), in chunks of 1000 rows
+// with a pause after each as long as the chunk took. With several relays on one table, one cleans at a
+// time (a database lock of PostgreSQL's and MySQL's own; the others skip their turn). Retention counts
+// from created_at: see docs/relay.md, "Cleanup".
+func WithCleanup(every time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if every <= 0 {
+			return fmt.Errorf("%w: cleanup interval %v", ErrInvalidOption, every)
+		}
+		c.cleanupEvery = every
+		return nil
+	}
+}
+
+// WithRetention sets how long processed events are kept by the periodic cleanup (default 7 days).
+func WithRetention(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retention %v", ErrInvalidOption, d)
+		}
+		c.retention = d
+		return nil
+	}
+}
+
+// WithTable sets the outbox table the worker reads. By default it is the table of the plugin
+// registered on the worker's *gorm.DB, or DefaultTableName.
+func WithTable(name string) WorkerOption {
+	return func(c *workerConfig) error {
+		if !identifierRE.MatchString(name) {
+			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
+		}
+		c.table = name
+		return nil
+	}
+}
+
+// WithoutListen turns off the PostgreSQL LISTEN wake-up (for PgBouncer in transaction mode, which
+// does not carry notifications); the worker then polls only.
+func WithoutListen() WorkerOption {
+	return func(c *workerConfig) error {
+		c.listen = false
+		return nil
+	}
+}
+
+// WithLogger sets the worker's logger (default slog.Default()).
+func WithLogger(l *slog.Logger) WorkerOption {
+	return func(c *workerConfig) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidOption)
+		}
+		c.logger = l
+		return nil
+	}
+}
+
+// WithObserver sets an Observer that receives batch results, dead events and the backlog.
+func WithObserver(o Observer) WorkerOption {
+	return func(c *workerConfig) error {
+		if o == nil {
+			return fmt.Errorf("%w: nil observer", ErrInvalidOption)
+		}
+		c.observer = o
+		return nil
+	}
+}
+
+// WithBacklogInterval sets how often Run measures the backlog for the Observer (default 15 s).
+func WithBacklogInterval(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: backlog interval %v", ErrInvalidOption, d)
+		}
+		c.backlogEvery = d
+		return nil
+	}
+}
