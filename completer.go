@@ -1,0 +1,205 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// Recording what became of a batch: decide (outcome.go) says what to write for each row, and the
+// functions here write it — in one statement, or one transaction — report it to the observer and log it.
+
+// completeBatch records the outcome of a published batch, or — when carry is allowed and the batch
+// was full and published completely — returns it for the next claim to mark.
+func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool) (published int, next *carriedBatch, outage bool, err error) {
+	allDelivered := !slices.ContainsFunc(c.out, func(d delivery) bool { return d.kind != delivered })
+	if carry && allDelivered && len(c.rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil {
+		res := c.res
+		res.Published = c.msgs
+		return len(c.rows), &carriedBatch{rows: c.rows, lease: c.lease, now: time.Now().UTC(), res: res}, false, nil
+	}
+	w.drop(c.lease)
+	res := c.res
+	start := time.Now()
+	o, err := w.finish(ctx, c.rows, c.out, &res)
+	res.FinishDuration = time.Since(start)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
+	}
+	w.cfg.observer.BatchDone(ctx, res)
+	for _, f := range res.Failed {
+		if f.Dead {
+			w.cfg.observer.Dead(ctx, f.Message, f.Err)
+		}
+	}
+	return len(res.Published), nil, o.outage, nil
+}
+
+// finishCarried marks a carried batch done on its own, when no further claim will: at shutdown, or
+// after the claim that was to mark it failed.
+func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
+	b.marked = true
+	d := w.done(b)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	start := time.Now()
+	n, err := w.sql.markDone(fctx, w.sql.db, w.owner, d, w.cfg.deleteOnPublish)
+	if err != nil {
+		// The rows stay leased and are published again once the lease ends: a duplicate, not a loss.
+		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark published events done; they will be published again",
+			slog.String("worker", w.owner), slog.Int("events", len(d.ids)), slog.Any("error", err))
+		return
+	}
+	b.res.FinishDuration = time.Since(start)
+	w.noteLeaseLost(ctx, &b.res, len(d.ids), n)
+	w.cfg.observer.BatchDone(ctx, b.res)
+}
+
+// noteLeaseLost records in res, and logs, the published rows a mark no longer found leased to the
+// worker: another worker took them over after their lease ran out, and publishes them again.
+func (w *Worker) noteLeaseLost(ctx context.Context, res *BatchResult, published int, marked int64) {
+	if marked >= int64(published) {
+		return
+	}
+	res.LeaseLost = published - int(marked)
+	w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: published events had been taken over by another worker; they will be published twice",
+		slog.String("worker", w.owner), slog.Int("events", res.LeaseLost))
+}
+
+// finish records the outcome of a batch (see decide): published rows done, refused rows scheduled
+// for retry or dead, rows not delivered handed back. Several statements run in one transaction; one
+// runs alone.
+func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, res *BatchResult) (outcome, error) {
+	now := time.Now().UTC()
+	o := decide(rows, out, ctx.Err() != nil, w.cfg.maxAttempts, w.cfg.retry, now)
+	for _, r := range o.done {
+		res.Published = append(res.Published, r.msg)
+	}
+	res.Failed = o.failed
+	res.NotDelivered = o.unsent
+	res.Released = o.stopped
+
+	var marked int64
+	var steps []func(context.Context, execer) error
+	if len(o.done) > 0 {
+		steps = append(steps, func(ctx context.Context, ex execer) (err error) {
+			marked, err = w.sql.markDone(ctx, ex, w.owner, doneBatch{ids: rowIDs(o.done), ctids: rowCtids(o.done), now: now}, w.cfg.deleteOnPublish)
+			return err
+		})
+	}
+	for _, g := range o.retries {
+		steps = append(steps, func(ctx context.Context, ex execer) error {
+			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, g.next)
+		})
+	}
+	for _, d := range o.dead {
+		steps = append(steps, func(ctx context.Context, ex execer) error {
+			return w.sql.markDead(ctx, ex, w.owner, []int64{d.id}, d.err, now)
+		})
+	}
+	for _, g := range groupReleased(o.released) {
+		steps = append(steps, func(ctx context.Context, ex execer) error {
+			return w.sql.release(ctx, ex, w.owner, g.ids, g.err)
+		})
+	}
+
+	// The outcome must be recorded even when ctx has ended (shutdown): use a context of its own.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	var err error
+	if len(steps) == 1 {
+		err = steps[0](fctx, w.sql.db)
+	} else {
+		err = w.sql.inTx(fctx, func(tx *sql.Tx) error {
+			for _, step := range steps {
+				if err := step(fctx, tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return o, err
+	}
+	w.noteLeaseLost(ctx, res, len(o.done), marked)
+	w.logOutcome(ctx, o)
+	return o, nil
+}
+
+// releasedGroup is rows handed back with the same last error.
+type releasedGroup struct {
+	ids []int64
+	err string
+}
+
+func groupReleased(rows []releasedRow) []releasedGroup {
+	var groups []releasedGroup
+	for _, r := range rows {
+		i := slices.IndexFunc(groups, func(g releasedGroup) bool { return g.err == r.err })
+		if i < 0 {
+			groups = append(groups, releasedGroup{err: r.err})
+			i = len(groups) - 1
+		}
+		groups[i].ids = append(groups[i].ids, r.id)
+	}
+	return groups
+}
+
+// logOutcome writes a line per dead event and one per batch for the rest, so that an outage does not
+// flood the log; each names the first few message ids and event types.
+func (w *Worker) logOutcome(ctx context.Context, o outcome) {
+	retried := 0
+	for _, f := range o.failed {
+		if f.Dead {
+			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event is dead after its last attempt",
+				slog.String("worker", w.owner), slog.String("message_id", f.Message.ID),
+				slog.String("event_type", f.Message.EventType), slog.Int("attempts", f.Message.Attempt),
+				slog.Any("error", f.Err))
+			continue
+		}
+		retried++
+	}
+	if retried > 0 {
+		var ids, types []string
+		for _, f := range o.failed {
+			if !f.Dead {
+				ids, types = append(ids, f.Message.ID), appendNew(types, f.Message.EventType)
+			}
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: publish refused, events will be retried",
+			slog.String("worker", w.owner), slog.Int("events", retried), slog.Any("message_ids", firstFew(ids)),
+			slog.Any("event_types", firstFew(types)), slog.Any("error", o.failed[0].Err))
+	}
+	if len(o.unsent) > 0 {
+		var ids, types []string
+		for _, f := range o.unsent {
+			ids, types = append(ids, f.Message.ID), appendNew(types, f.Message.EventType)
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the broker did not take the events; they are pending again, no attempt spent",
+			slog.String("worker", w.owner), slog.Int("events", len(o.unsent)), slog.Any("message_ids", firstFew(ids)),
+			slog.Any("event_types", firstFew(types)), slog.Any("error", o.unsent[0].Err))
+	}
+}
+
+func appendNew(list []string, s string) []string {
+	if slices.Contains(list, s) {
+		return list
+	}
+	return append(list, s)
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	const maxLen = 2000
+	if len(s) > maxLen {
+		s = s[:maxLen]
+	}
+	return s
+}
