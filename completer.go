@@ -21,7 +21,7 @@ func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool)
 		res.Published = c.msgs
 		return len(c.rows), &carriedBatch{rows: c.rows, lease: c.lease, now: time.Now().UTC(), res: res}, false, nil
 	}
-	w.drop(c.lease)
+	w.drop(c.lease, c.rows)
 	res := c.res
 	start := time.Now()
 	o, err := w.finish(ctx, c.rows, c.out, &res)

@@ -21,11 +21,14 @@ import (
 // locked_until, and only batches held longer than a third of the lease are renewed at all — a batch
 // that a broker takes in milliseconds never is.
 
-// heldLease is a batch the worker holds a lease on.
+// heldLease is a batch the worker holds a lease on. The renewer never touches the batch's rows, which
+// their owner reads meanwhile: where a renewal moved a row (PostgreSQL), its new ctid waits in moved
+// until drop hands it over.
 type heldLease struct {
-	rows       []claimedRow // the batch's rows; a renewal on PostgreSQL moves them, and updates their ctid
-	until      time.Time    // when the lease runs out, as last stamped
-	renewUntil time.Time    // renewals stop here
+	ids        []int64
+	moved      map[int64]string // id → ctid after the latest renewal
+	until      time.Time        // when the lease runs out, as last stamped
+	renewUntil time.Time        // renewals stop here
 	dropped    bool
 }
 
@@ -37,7 +40,7 @@ type leaseKeeper struct {
 
 // hold starts renewing the lease of rows, claimed at claimed and leased until until.
 func (w *Worker) hold(rows []claimedRow, claimed, until time.Time) *heldLease {
-	h := &heldLease{rows: rows, until: until, renewUntil: claimed.Add(2*w.cfg.publishTimeout + w.cfg.lease)}
+	h := &heldLease{ids: rowIDs(rows), until: until, renewUntil: claimed.Add(2*w.cfg.publishTimeout + w.cfg.lease)}
 	k := &w.leases
 	k.mu.Lock()
 	k.held = append(k.held, h)
@@ -52,19 +55,24 @@ func (w *Worker) leaseEnd(h *heldLease) time.Time {
 	return h.until
 }
 
-// drop stops renewing h; after it returns, no renewal touches h's rows. It may be called again.
-func (w *Worker) drop(h *heldLease) {
+// drop stops renewing h, and gives rows (those of h, or nil) the ctids renewals moved them to; after it
+// returns, no renewal touches h's rows. It may be called again.
+func (w *Worker) drop(h *heldLease, rows []claimedRow) {
 	if h == nil {
 		return
 	}
 	k := &w.leases
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if h.dropped {
-		return
+	if !h.dropped {
+		h.dropped = true
+		k.held = slices.DeleteFunc(k.held, func(x *heldLease) bool { return x == h })
 	}
-	h.dropped = true
-	k.held = slices.DeleteFunc(k.held, func(x *heldLease) bool { return x == h })
+	for i := range rows {
+		if ctid, ok := h.moved[rows[i].id]; ok {
+			rows[i].ctid = ctid
+		}
+	}
 }
 
 // keepLeases renews held leases until the returned stop is called; stop waits for the renewer to end.
@@ -101,9 +109,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 			continue
 		}
 		due = append(due, h)
-		for _, r := range h.rows {
-			ids = append(ids, r.id)
-		}
+		ids = append(ids, h.ids...)
 	}
 	if len(ids) == 0 {
 		return
@@ -124,9 +130,12 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		if moved == nil {
 			continue
 		}
-		for i := range h.rows {
-			if ctid, ok := moved[h.rows[i].id]; ok {
-				h.rows[i].ctid = ctid
+		if h.moved == nil {
+			h.moved = make(map[int64]string, len(h.ids))
+		}
+		for _, id := range h.ids {
+			if ctid, ok := moved[id]; ok {
+				h.moved[id] = ctid
 			}
 		}
 	}

@@ -68,13 +68,13 @@ func (w *Worker) isolateUnfinished(ctx context.Context, rows []claimedRow) ([]cl
 // them to the observer as one batch.
 func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published int, err error) {
 	held := c.lease // the rows not recorded yet, renewed meanwhile
-	defer func() { w.drop(held) }()
+	defer func() { w.drop(held, nil) }()
 	res := c.res
 	start := time.Now()
 	for i := range c.rows {
 		if i > 0 {
 			until := w.leaseEnd(held)
-			w.drop(held)
+			w.drop(held, nil)
 			held = w.hold(c.rows[i:], time.Now(), until)
 		}
 		r := c.rows[i]

@@ -187,7 +187,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // releaseAhead hands back a batch that was claimed ahead but not published: when Run stops, or backs
 // off.
 func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
-	w.drop(c.lease)
+	w.drop(c.lease, nil)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	if err := w.sql.release(fctx, w.sql.db, w.owner, rowIDs(c.rows), ""); err != nil {
@@ -248,7 +248,7 @@ type carriedBatch struct {
 
 // done stops renewing the batch's lease and returns its rows as the mark needs them.
 func (w *Worker) done(b *carriedBatch) doneBatch {
-	w.drop(b.lease)
+	w.drop(b.lease, b.rows)
 	return doneBatch{ids: rowIDs(b.rows), ctids: rowCtids(b.rows), now: b.now}
 }
 

@@ -104,7 +104,7 @@ func TestRunCancelledAtRandomStrandsNothing(t *testing.T) {
 		t.Logf("cancelling at random points (%s)", d.name)
 		slow := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
 			select { // a broker round trip
-			case <-time.After(time.Duration(rng.IntN(3)) * time.Millisecond):
+			case <-time.After(time.Duration(rand.IntN(3)) * time.Millisecond): // the global source: publishes run on goroutines of their own
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
