@@ -15,7 +15,7 @@ import (
 
 // BenchmarkInsertDuringClaims measures, on MariaDB, the latency of the application's writes (a Create
 // through the plugin, which inserts an outbox row) while a worker claims batches without pause, with
-// the claim's transaction at REPEATABLE READ (MySQL's default) and at READ COMMITTED (the worker's),
+// the claim's transaction at REPEATABLE READ (MySQL's default, and the worker's) and at READ COMMITTED,
 // the two alternating in rounds. Under REPEATABLE READ a claim whose scan reaches the end of the
 // index (a relay that keeps up) locks the gap after the last pending row, where every new event goes,
 // so inserts wait for claims to commit.

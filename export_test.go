@@ -43,8 +43,8 @@ func CleanupTurn(ctx context.Context, w *Worker, olderThan time.Duration) (delet
 	return w.cleanupOnce(ctx, olderThan, true)
 }
 
-// UseClaimIsolation sets the isolation level of w's MySQL/MariaDB claim transactions (the default is
-// READ COMMITTED), so that benchmarks can compare it with REPEATABLE READ.
+// UseClaimIsolation sets the isolation level of w's MySQL/MariaDB claim transactions (by default the
+// server's, REPEATABLE READ), so that benchmarks can compare levels.
 func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
 	w.sql.claimTx = &sql.TxOptions{Isolation: level}
 }
