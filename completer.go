@@ -29,13 +29,18 @@ func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool)
 	if err != nil {
 		return 0, nil, false, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
 	}
+	w.report(ctx, res)
+	return len(res.Published), nil, o.outage, nil
+}
+
+// report gives the observer a recorded batch, and each event it made dead.
+func (w *Worker) report(ctx context.Context, res BatchResult) {
 	w.cfg.observer.BatchDone(ctx, res)
 	for _, f := range res.Failed {
 		if f.Dead {
 			w.cfg.observer.Dead(ctx, f.Message, f.Err)
 		}
 	}
-	return len(res.Published), nil, o.outage, nil
 }
 
 // finishCarried marks a carried batch done on its own, when no further claim will: at shutdown, or

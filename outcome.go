@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 )
@@ -41,12 +42,17 @@ type delivery struct {
 // halves, which isolate up to three poison messages in most batches.
 const splitBudget = 7
 
-// deliver publishes msgs within one publish timeout and returns the outcome of each. unknownIDs are
-// the ids a *PublishError named that were not in the call's messages (they are ignored).
-func (w *Worker) deliver(ctx context.Context, msgs []Message) (out []delivery, unknownIDs []string) {
+// deliver publishes msgs within one publish timeout and returns the outcome of each. Ids a
+// *PublishError named that were not in the call's messages are ignored, and logged.
+func (w *Worker) deliver(ctx context.Context, msgs []Message) []delivery {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
 	defer cancel()
-	return splitPublish(pctx, msgs, w.call)
+	out, unknown := splitPublish(pctx, msgs, w.call)
+	if len(unknown) > 0 {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
+			slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)), slog.Int("count", len(unknown)))
+	}
+	return out
 }
 
 // splitPublish is deliver's algorithm, with the publisher call as a parameter (tests drive it with

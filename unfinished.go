@@ -101,11 +101,7 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 			}
 			r.msg.Attempt++
 		}
-		out, unknown := w.deliver(ctx, []Message{r.msg})
-		if len(unknown) > 0 {
-			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
-				slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)))
-		}
+		out := w.deliver(ctx, []Message{r.msg})
 		one := BatchResult{}
 		if _, err := w.finish(ctx, []claimedRow{r}, out, &one); err != nil {
 			return published, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
@@ -118,11 +114,6 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 		res.LeaseLost += one.LeaseLost
 	}
 	res.PublishDuration = time.Since(start)
-	w.cfg.observer.BatchDone(ctx, res)
-	for _, f := range res.Failed {
-		if f.Dead {
-			w.cfg.observer.Dead(ctx, f.Message, f.Err)
-		}
-	}
+	w.report(ctx, res)
 	return published, nil
 }

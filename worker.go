@@ -357,13 +357,8 @@ func (w *Worker) unpublishable(r claimedRow) bool {
 // publishBatch publishes a claimed batch, recording what became of each message.
 func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) {
 	start := time.Now()
-	out, unknown := w.deliver(ctx, c.msgs)
+	c.out = w.deliver(ctx, c.msgs)
 	c.res.PublishDuration = time.Since(start)
-	c.out = out
-	if len(unknown) > 0 {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
-			slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)), slog.Int("count", len(unknown)))
-	}
 }
 
 // firstFew returns at most the first five of ids, for a log line.
