@@ -27,9 +27,11 @@ func WithKeyOrderingIndex() MigrateOption {
 // the plugin is not registered or was not given WithTableName; the table of db.Table(name) when it is
 // given), with its indexes, and on PostgreSQL
 // gives it the storage settings the relay wants (see pgStorageOptions). It is everything the relay
-// needs: the worker runs no DDL. With WithKeyOrderingIndex it also creates the per-key ordering index
-// — on PostgreSQL CONCURRENTLY, so that a live table's writes are not held up, replacing an INVALID
-// index a failed build left behind.
+// needs: the worker runs no DDL, and refuses to run on a table without the claim index (see
+// OutboxEvent). On a table of an earlier version it adds the claim index and drops the pending index
+// (created_at, id) that it replaces. With WithKeyOrderingIndex it also creates the per-key ordering
+// index. On PostgreSQL the indexes it adds to an existing table are built CONCURRENTLY, so that a live
+// table's writes are not held up, and an INVALID index a failed build left behind is replaced.
 func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	var cfg migrateConfig
 	for _, o := range opts {
@@ -46,15 +48,26 @@ func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	}
 	db = db.Session(&gorm.Session{NewDB: true})
 	fail := func(err error) error { return fmt.Errorf("outboxplugin: migrate %s: %w", table, err) }
+	if db.Dialector.Name() == "postgres" && db.Migrator().HasTable(table) {
+		// An existing table of an earlier version: build the claim index without holding up the
+		// application's writes, before GORM's AutoMigrate would build it with a plain CREATE INDEX.
+		if err := createIndex(db, table, claimIndexName(db, table), claimIndexColumns, claimIndexWhere); err != nil {
+			return fail(err)
+		}
+	}
 	if err := db.Table(table).AutoMigrate(&OutboxEvent{}); err != nil {
+		return fail(err)
+	}
+	// The pending index of earlier versions: the claim index does its work, and every insert paid for it.
+	if err := dropIndex(db, table, legacyPendingIndexName(db, table)); err != nil {
 		return fail(err)
 	}
 	if err := setStorageOptions(db, table); err != nil {
 		return fail(err)
 	}
 	if cfg.keyOrdering {
-		if err := createKeyIndex(db, table); err != nil {
-			return fail(err)
+		if err := createIndex(db, table, keyIndexName(table), keyIndexColumns, keyIndexWhere); err != nil {
+			return fail(fmt.Errorf("per-key ordering: %w", err))
 		}
 	}
 	return nil
@@ -65,18 +78,30 @@ func keyIndexName(table string) string {
 	return "idx_" + strings.ReplaceAll(table, ".", "_") + "_key_pending"
 }
 
-// keyIndexState reports whether table's per-key ordering index exists, and whether it is valid (only
-// PostgreSQL has invalid indexes: what a failed CREATE INDEX CONCURRENTLY leaves behind).
-func keyIndexState(db *gorm.DB, table string) (exists, valid bool, err error) {
-	name := keyIndexName(table)
+// claimIndexName is the name GORM gives table's claim index (OutboxEvent's "claim" composite), and
+// legacyPendingIndexName the name of the pending index (created_at, id) that earlier versions declared.
+func claimIndexName(db *gorm.DB, table string) string { return db.NamingStrategy.IndexName(table, "claim") }
+
+func legacyPendingIndexName(db *gorm.DB, table string) string {
+	return db.NamingStrategy.IndexName(table, "pending")
+}
+
+// claimIndexColumns and claimIndexWhere are the claim index as OutboxEvent's tags declare it; on
+// PostgreSQL AutoMigrate builds it CONCURRENTLY before GORM's AutoMigrate would build it plainly.
+const (
+	claimIndexColumns = "processed, dead_at, next_attempt_at, created_at, id"
+	claimIndexWhere   = "processed = false AND dead_at IS NULL"
+	keyIndexColumns   = "aggregate_type, aggregate_id, id"
+	keyIndexWhere     = "processed = false"
+)
+
+// indexState reports whether table has the index name, and whether it is valid (only PostgreSQL
+// has invalid indexes: what a failed CREATE INDEX CONCURRENTLY leaves behind).
+func indexState(db *gorm.DB, table, name string) (exists, valid bool, err error) {
 	switch db.Dialector.Name() {
 	case "postgres":
-		qualified := quotePGIdent(name)
-		if i := strings.LastIndex(table, "."); i >= 0 {
-			qualified = pgQuotedName(table[:i]) + "." + qualified
-		}
 		var found []bool
-		err = db.Raw(`SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(?)`, qualified).Scan(&found).Error
+		err = db.Raw(`SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(?)`, pgIndexRef(table, name)).Scan(&found).Error
 		if err != nil || len(found) == 0 {
 			return false, false, err
 		}
@@ -93,39 +118,67 @@ func keyIndexState(db *gorm.DB, table string) (exists, valid bool, err error) {
 	}
 }
 
-// createKeyIndex creates the per-key ordering index where it is missing, or invalid.
-func createKeyIndex(db *gorm.DB, table string) error {
-	exists, valid, err := keyIndexState(db, table)
+// pgIndexRef is index name of table, quoted and qualified with the table's schema when it has one.
+func pgIndexRef(table, name string) string {
+	qualified := quotePGIdent(name)
+	if i := strings.LastIndex(table, "."); i >= 0 {
+		qualified = pgQuotedName(table[:i]) + "." + qualified
+	}
+	return qualified
+}
+
+// createIndex creates the index name on table (columns, over the rows matching where on the databases
+// with partial indexes) where it is missing, or invalid.
+func createIndex(db *gorm.DB, table, name, columns, where string) error {
+	exists, valid, err := indexState(db, table, name)
 	if err != nil {
-		return fmt.Errorf("look up the per-key ordering index: %w", err)
+		return fmt.Errorf("look up index %s: %w", name, err)
 	}
 	if exists && valid {
 		return nil
 	}
-	name := keyIndexName(table)
 	quotedTable := (&gorm.Statement{DB: db}).Quote(table)
 	switch db.Dialector.Name() {
 	case "postgres":
 		// CONCURRENTLY: a plain CREATE INDEX takes a SHARE lock, which waits for every open write
 		// transaction on the table and holds up every write that comes after it.
 		if exists {
-			if err := db.Exec(`DROP INDEX CONCURRENTLY IF EXISTS ` + quotePGIdent(name)).Error; err != nil {
-				return fmt.Errorf("drop the invalid per-key ordering index %s: %w", name, err)
+			if err := db.Exec(`DROP INDEX CONCURRENTLY IF EXISTS ` + pgIndexRef(table, name)).Error; err != nil {
+				return fmt.Errorf("drop the invalid index %s: %w", name, err)
 			}
 		}
 		err = db.Exec(`CREATE INDEX CONCURRENTLY IF NOT EXISTS ` + quotePGIdent(name) + ` ON ` + quotedTable +
-			` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
+			` (` + columns + `) WHERE ` + where).Error
 	case "mysql":
-		err = db.Exec(`CREATE INDEX ` + name + ` ON ` + quotedTable + ` (aggregate_type, aggregate_id, id)`).Error
+		err = db.Exec(`CREATE INDEX ` + name + ` ON ` + quotedTable + ` (` + columns + `)`).Error
 	default:
-		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + quotedTable +
-			` (aggregate_type, aggregate_id, id) WHERE processed = false`).Error
+		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + quotedTable + ` (` + columns + `) WHERE ` + where).Error
 	}
 	if err != nil {
-		return fmt.Errorf("create the per-key ordering index %s: %w", name, err)
+		return fmt.Errorf("create index %s: %w", name, err)
 	}
 	return nil
 }
 
-// errNoKeyIndex: a worker with key ordering found its index missing or invalid.
-var errNoKeyIndex = errors.New("per-key ordering needs its index")
+// dropIndex drops the index name of table when it exists (on PostgreSQL CONCURRENTLY).
+func dropIndex(db *gorm.DB, table, name string) error {
+	exists, _, err := indexState(db, table, name)
+	if err != nil || !exists {
+		return err
+	}
+	switch db.Dialector.Name() {
+	case "postgres":
+		err = db.Exec(`DROP INDEX CONCURRENTLY IF EXISTS ` + pgIndexRef(table, name)).Error
+	case "mysql":
+		err = db.Exec(`DROP INDEX ` + name + ` ON ` + (&gorm.Statement{DB: db}).Quote(table)).Error
+	default:
+		err = db.Exec(`DROP INDEX IF EXISTS ` + name).Error
+	}
+	if err != nil {
+		return fmt.Errorf("drop index %s: %w", name, err)
+	}
+	return nil
+}
+
+// errMissingIndex: the worker found an index it needs missing or invalid.
+var errMissingIndex = errors.New("the outbox table lacks an index the relay needs")

@@ -28,35 +28,40 @@ const DefaultTableName = "outbox_events"
 // given up on (dead), and a lease (owner and expiry) for relays that claim rows before publishing.
 //
 // db.AutoMigrate(&OutboxEvent{}) creates the table with three indexes: the primary key; the
-// reference's (processed, created_at), which makes cleanup of old processed rows cheap; and a pending
-// index on (created_at, id), which makes finding the next batch cost in proportion to the batch and
-// not to the processed rows the table keeps. On PostgreSQL and SQLite both are partial indexes: the
-// pending index holds unprocessed rows only (WHERE processed = false), the reference index processed
-// rows only (WHERE processed = true), which is all cleanup reads. A new event is then added to one
-// secondary index, not two; it moves to the other when it is processed, as it would anyway since
-// processed changes. Queries must spell the predicate out (processed = false, not processed = ?) for
-// the planner to use a partial index. MySQL and MariaDB have no partial indexes: there both indexes
-// cover every row, and (processed, created_at) is the one that finds pending rows.
+// reference's (processed, created_at), which makes cleanup of old processed rows cheap; and the claim
+// index on (processed, dead_at, next_attempt_at, created_at, id), which makes finding the next batch
+// cost in proportion to the batch — not to the processed rows the table keeps, nor to the dead events
+// and the events waiting for a retry. Fresh events (next_attempt_at NULL) form one run of it in
+// creation order, retries another in due order, and a claim reads the head of each: dead rows and
+// retries not yet due are never stepped over. On PostgreSQL and SQLite both secondary indexes are
+// partial: the claim index holds the rows a claim may take (WHERE processed = false AND dead_at IS
+// NULL), the reference index processed rows only (WHERE processed = true), which is all cleanup reads.
+// A new event is then added to one secondary index, not two; it moves to the other when it is
+// processed, as it would anyway since processed changes. Queries must spell the predicate out
+// (processed = false, not processed = ?) for the planner to use a partial index. MySQL and MariaDB have
+// no partial indexes: there both indexes cover every row, and the claim index's leading columns do what
+// the predicate does elsewhere. AutoMigrate (the package's) also drops the pending index (created_at,
+// id) of earlier versions, and on PostgreSQL builds the claim index CONCURRENTLY on a live table.
 //
 // Rows may be written by hand inside a transaction, as in the reference design
 // (tx.Create(&OutboxEvent{EventType: "OrderPlaced", Payload: ...})); the capture callbacks never
 // create events for OutboxEvent itself. Emit does the same with less ceremony and honours
 // WithTableName.
 type OutboxEvent struct {
-	ID            int64      `gorm:"primaryKey;autoIncrement;index:,composite:pending,priority:2,where:processed = false"`
+	ID            int64      `gorm:"primaryKey;autoIncrement;index:,composite:claim,priority:5,where:processed = false AND dead_at IS NULL"`
 	MessageID     string     `gorm:"size:36;not null"`
 	EventType     string     `gorm:"size:255;not null"`
 	AggregateType string     `gorm:"size:255;not null;default:''"`
 	AggregateID   string     `gorm:"size:255;not null;default:''"`
 	Payload       JSON       `gorm:"not null"`
 	Headers       JSON       ``
-	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:processed_created_at,priority:2,where:processed = true;index:,composite:pending,priority:1,where:processed = false"`
-	Processed     bool       `gorm:"not null;default:false;index:,composite:processed_created_at,priority:1,where:processed = true"`
+	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:processed_created_at,priority:2,where:processed = true;index:,composite:claim,priority:4,where:processed = false AND dead_at IS NULL"`
+	Processed     bool       `gorm:"not null;default:false;index:,composite:processed_created_at,priority:1,where:processed = true;index:,composite:claim,priority:1,where:processed = false AND dead_at IS NULL"`
 	ProcessedAt   *time.Time `gorm:"precision:6"`
 	Attempts      int        `gorm:"not null;default:0"`
-	NextAttemptAt *time.Time `gorm:"precision:6"`
+	NextAttemptAt *time.Time `gorm:"precision:6;index:,composite:claim,priority:3,where:processed = false AND dead_at IS NULL"`
 	LastError     *string    `gorm:"type:text"`
-	DeadAt        *time.Time `gorm:"precision:6"`
+	DeadAt        *time.Time `gorm:"precision:6;index:,composite:claim,priority:2,where:processed = false AND dead_at IS NULL"`
 	LockedBy      *string    `gorm:"size:64"`
 	LockedUntil   *time.Time `gorm:"precision:6"`
 }

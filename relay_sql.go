@@ -91,44 +91,66 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 	stmt.Build("FOR")
 	lock := stmt.SQL.String()
 
-	// The pending predicate spells processed = false out, so that the planner can use the partial
-	// pending index (created_at, id) WHERE processed = false on PostgreSQL and SQLite, and the
-	// (processed, created_at) index on MySQL: the scan starts at the oldest pending row and stops
-	// after the batch, however many processed rows the table keeps.
-	pending := `c.processed = false AND c.dead_at IS NULL` +
-		` AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= ?)` +
-		` AND (c.locked_until IS NULL OR c.locked_until < ?)`
+	// A claim takes the retries that are due first, then the oldest fresh events: two runs of the claim
+	// index (processed, dead_at, next_attempt_at, created_at, id), each read from its head and stopped
+	// after the batch. Dead rows are outside the index (PostgreSQL, SQLite) or outside both runs
+	// (MySQL: dead_at IS NULL is a leading column), retries not yet due lie past the end of the due run,
+	// and fresh rows (next_attempt_at NULL) are a run of their own: however many dead or waiting rows the
+	// table holds, a claim steps over none of them. Due retries go first so that a refused event is
+	// retried beside fresh ones (which is how a poison event that fails its whole batch is told from an
+	// outage: see splitPublish), and so that retries are not starved by a steady stream of new events.
+	// The predicates spell processed = false and dead_at IS NULL out, for the planner to use the
+	// partial index on PostgreSQL and SQLite. The ORDER BY follows the index's columns there (PostgreSQL
+	// takes a column IS NULL for no constant, and would sort every pending row otherwise); MariaDB sorts
+	// when the columns fixed by the predicate are named, so there it names only the others.
+	live := ` AND (c.locked_until IS NULL OR c.locked_until < ?)`
 	if keyOrdering {
 		// Only the head of each key: no earlier unprocessed event of the same key (dead ones
 		// included: they block their key until requeued), and no event of the key in flight under
 		// a live lease (one committed after a later one was claimed waits for it). Events without a
 		// key are independent. The key index (aggregate_type, aggregate_id, id) WHERE
 		// processed = false keeps the probe to a few index entries.
-		pending += ` AND ((c.aggregate_type = '' AND c.aggregate_id = '') OR NOT EXISTS (` +
+		live += ` AND ((c.aggregate_type = '' AND c.aggregate_id = '') OR NOT EXISTS (` +
 			`SELECT 1 FROM ` + q.table + ` p WHERE p.aggregate_type = c.aggregate_type` +
 			` AND p.aggregate_id = c.aggregate_id AND p.processed = false AND p.id <> c.id` +
 			` AND (p.id < c.id OR p.locked_until >= ?)))`
 	}
+	due := `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ?` + live
+	fresh := `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + live
+	dueOrder := `c.processed, c.dead_at, c.next_attempt_at, c.created_at, c.id`
+	freshOrder := dueOrder
+	if dialect == "mysql" {
+		dueOrder, freshOrder = `c.next_attempt_at, c.created_at, c.id`, `c.created_at, c.id`
+	}
 	// The batch size is written into the text, not bound: with LIMIT a parameter, PostgreSQL's plan
 	// cache never trusts a generic plan and plans every claim anew (about a tenth of a claim's time);
 	// with it written out, the prepared claim is planned once per connection.
-	pick := `SELECT c.id FROM ` + q.table + ` c WHERE ` + pending + ` ORDER BY c.created_at, c.id LIMIT ` +
-		strconv.Itoa(batchSize) + ` ` + lock
+	limit := ` LIMIT ` + strconv.Itoa(batchSize)
+	run := func(cols, where, order string) string {
+		return `SELECT ` + cols + ` FROM ` + q.table + ` c WHERE ` + where + ` ORDER BY ` + order + limit + ` ` + lock
+	}
+	// pick selects col of the batch's rows: the due run, then the fresh run, up to the batch. The
+	// outer LIMIT stops the fresh run's scan (and its row locks) once the batch is full.
+	pick := func(col string) string {
+		return `SELECT ` + col + ` FROM (` + run(`c.`+col, due, dueOrder) + `) d UNION ALL SELECT ` + col +
+			` FROM (` + run(`c.`+col, fresh, freshOrder) + `) f` + limit
+	}
 	stamp := `UPDATE ` + q.table + ` SET ` + stampUnfinished + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
 
 	switch dialect {
 	case "mysql":
-		// Read before the stamp: the unfinished-delivery mark as the stamp will set it.
+		// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB runs
+		// both runs of a UNION to the end of their LIMIT, so a claim locks up to the due rows more than
+		// it takes, until its transaction commits a moment later; other relays skip them meanwhile.
 		cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
-			`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END`, 1)
-		q.claimSelect = strings.Replace(pick, "SELECT c.id", "SELECT "+cols, 1)
+			`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
+		q.claimSelect = `(` + run(cols, due, dueOrder) + `) UNION ALL (` + run(cols, fresh, freshOrder) + `)` + limit
 		q.claimStamp = stamp // + id IN (...)
 	case "postgres":
 		// The rows are addressed by ctid, taken under the lock the subquery holds: a TID scan
 		// instead of a primary-key probe per row.
 		claim := strings.Replace(stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
-			`ctid = ANY(ARRAY(` + strings.Replace(pick, "SELECT c.id", "SELECT c.ctid", 1) + `)) RETURNING ` +
-			returnedColumns + `, ctid::text`
+			`ctid = ANY(ARRAY(` + pick("ctid") + `)) RETURNING ` + returnedColumns + `, ctid::text`
 		q.claimUpdate = q.bind(`WITH ` + pgAsyncCommit + ` ` + claim)
 		// The previous batch is marked done in the same statement. Its rows are leased to this
 		// worker, so the claim's subquery (which sees the table as it was before the statement) does
@@ -138,7 +160,7 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 		q.claimAfterDelete = q.bind(`WITH ` + pgAsyncCommit + `, done AS (DELETE FROM ` + q.table +
 			` WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
 	default:
-		q.claimUpdate = stamp + `id IN (` + pick + `) RETURNING ` + returnedColumns
+		q.claimUpdate = stamp + `id IN (` + pick("id") + `) RETURNING ` + returnedColumns
 	}
 	return q, nil
 }
@@ -240,10 +262,15 @@ type claimedRow struct {
 
 // pickArgs are the values of the pick subquery's placeholders, in text order.
 func (q *relaySQL) pickArgs(now time.Time) []any {
-	if q.keyOrdering {
-		return []any{now, now, now}
+	if q.dialect == "mysql" {
+		// go-sql-driver sends a time with its nanoseconds, and MariaDB then bounds no index range
+		// on a DATETIME(6) column by it: the due run would be scanned to its end.
+		now = now.Truncate(time.Microsecond)
 	}
-	return []any{now, now}
+	if q.keyOrdering {
+		return []any{now, now, now, now, now} // due: next attempt, lease, key lease; fresh: lease, key lease
+	}
+	return []any{now, now, now} // due: next attempt, lease; fresh: lease
 }
 
 // doneBatch is a published batch whose rows Run marks done together with the next claim.
@@ -601,28 +628,40 @@ func (q *relaySQL) backlog(ctx context.Context) (int64, error) {
 }
 
 // prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no
-// DDL: AutoMigrate creates what it needs). With per-key ordering it checks the index the ordering
-// probes, and fails when it is missing or invalid; on PostgreSQL it logs, once, a table without the
-// storage settings claims want.
+// DDL: AutoMigrate creates what it needs). It checks the claim index, and with per-key ordering the
+// index the ordering probes, and fails when one is missing or invalid (errMissingIndex); on PostgreSQL
+// it logs, once, a table without the storage settings claims want.
 func (w *Worker) prepareTable(ctx context.Context) error {
 	w.prepareMu.Lock()
 	defer w.prepareMu.Unlock()
 	if w.prepared {
 		return nil
 	}
+	if rows, err := w.sql.db.QueryContext(ctx, `SELECT `+relayColumns+` FROM `+w.sql.table+` WHERE 1 = 0`); err != nil {
+		// No table, or one without the relay's columns: the claim fails, saying which (Run's
+		// checkTable has already failed on it).
+		return nil
+	} else if err := rows.Close(); err != nil {
+		return nil
+	}
 	db := w.db.WithContext(ctx)
+	need := []struct{ what, name, fix string }{{"the claim index", claimIndexName(db, w.cfg.table), "outboxplugin.AutoMigrate(db)"}}
 	if w.cfg.keyOrdering {
-		exists, valid, err := keyIndexState(db, w.cfg.table)
+		need = append(need, struct{ what, name, fix string }{"per-key ordering's index", keyIndexName(w.cfg.table),
+			"outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex())"})
+	}
+	for _, idx := range need {
+		exists, valid, err := indexState(db, w.cfg.table, idx.name)
 		if err != nil {
-			return fmt.Errorf("outboxplugin: look up the per-key ordering index: %w", err)
+			return fmt.Errorf("outboxplugin: look up %s: %w", idx.what, err)
 		}
 		if !exists || !valid {
 			state := "missing"
 			if exists {
 				state = "invalid (a failed CREATE INDEX CONCURRENTLY left it)"
 			}
-			return fmt.Errorf("outboxplugin: %w: %s on %s is %s; create it with outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex())",
-				errNoKeyIndex, keyIndexName(w.cfg.table), w.cfg.table, state)
+			return fmt.Errorf("outboxplugin: %w: %s, %s on %s, is %s; create it with %s",
+				errMissingIndex, idx.what, idx.name, w.cfg.table, state, idx.fix)
 		}
 	}
 	if missing, err := missingStorageOptions(db, w.cfg.table); err == nil && len(missing) > 0 {

@@ -600,6 +600,10 @@ func TestWrongOutboxSchema(t *testing.T) {
 			recreate(t)
 			require.NoError(t, plain.Migrator().DropColumn(&outboxplugin.OutboxEvent{}, column))
 			require.NoError(t, plain.Exec("ALTER TABLE outbox_events ADD COLUMN "+column+" "+sqlType).Error)
+			if !plain.Migrator().HasIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_claim") {
+				// SQLite drops a column by copying the table, without its indexes.
+				require.NoError(t, plain.Migrator().CreateIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_claim"))
+			}
 			dropIdleConnections(t, db)
 		}
 		t.Cleanup(func() { dropIdleConnections(t, db) })

@@ -133,7 +133,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.checkTable(ctx); err != nil {
 		return err
 	}
-	if err := w.prepareTable(ctx); errors.Is(err, errNoKeyIndex) {
+	if err := w.prepareTable(ctx); errors.Is(err, errMissingIndex) {
 		return err // other errors: the database is away, and Run retries
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -1,0 +1,121 @@
+package outboxplugin_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outboxplugin"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// A claim takes the retries that are due before fresh events, however much younger they are, and
+// never a dead event or one whose retry is not due yet.
+func TestClaimTakesDueRetriesFirstAndNeverDeadOrWaitingRows(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		users := make([]User, 10)
+		require.NoError(t, db.Create(&users).Error)
+		evs := loadEvents(t, db)
+		rows := func() *gorm.DB { return db.Session(&gorm.Session{NewDB: true}).Model(&outboxplugin.OutboxEvent{}) }
+		past, later := time.Now().Add(-time.Minute).UTC(), time.Now().Add(time.Hour).UTC()
+		// The two youngest events failed once and are due again; the two oldest are dead (one with
+		// a retry time in the past, as markRetry leaves it), the next two wait for a retry in an hour.
+		require.NoError(t, rows().Where("id IN ?", []int64{evs[8].ID, evs[9].ID}).
+			Updates(map[string]any{"attempts": 1, "next_attempt_at": past, "last_error": "refused"}).Error)
+		require.NoError(t, rows().Where("id = ?", evs[0].ID).Updates(map[string]any{"attempts": 3, "dead_at": past}).Error)
+		require.NoError(t, rows().Where("id = ?", evs[1].ID).Updates(map[string]any{"attempts": 3, "dead_at": past, "next_attempt_at": past}).Error)
+		require.NoError(t, rows().Where("id IN ?", []int64{evs[2].ID, evs[3].ID}).
+			Updates(map[string]any{"attempts": 1, "next_attempt_at": later, "last_error": "refused"}).Error)
+
+		var (
+			mu      sync.Mutex
+			batches [][]string
+		)
+		pub := outboxplugin.PublisherFunc(func(_ context.Context, msgs []outboxplugin.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			var b []string
+			for _, m := range msgs {
+				b = append(b, m.ID)
+			}
+			batches = append(batches, b)
+			return nil
+		})
+		w := newWorker(t, db, pub, outboxplugin.WithBatchSize(3))
+		total := 0
+		for range 5 {
+			n, err := w.ProcessOnce(context.Background())
+			require.NoError(t, err)
+			total += n
+		}
+		assert.Equal(t, 6, total, "four fresh events and two due retries; no dead one, no waiting one")
+		require.Len(t, batches, 2)
+		assert.Equal(t, []string{evs[4].MessageID, evs[8].MessageID, evs[9].MessageID}, batches[0],
+			"the due retries first, filled up with the oldest fresh event (a batch is in creation order)")
+		assert.Equal(t, []string{evs[5].MessageID, evs[6].MessageID, evs[7].MessageID}, batches[1])
+
+		for _, e := range loadEvents(t, db) {
+			switch e.ID {
+			case evs[0].ID, evs[1].ID:
+				assert.NotNil(t, e.DeadAt, "dead stays dead")
+				assert.False(t, e.Processed)
+				assert.Equal(t, 3, e.Attempts)
+			case evs[2].ID, evs[3].ID:
+				assert.False(t, e.Processed, "not due yet")
+				assert.Equal(t, 1, e.Attempts)
+			default:
+				assert.True(t, e.Processed, "event %d", e.ID)
+			}
+		}
+	})
+}
+
+// A table made by an earlier version has the pending index (created_at, id) and no claim index: the
+// worker refuses it at once, naming the command to run, and AutoMigrate adds the claim index and drops
+// the pending one (on PostgreSQL it also replaces an INVALID claim index that a failed build left).
+func TestAutoMigrateUpgradesATableOfAnEarlierVersion(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		plain := db.Session(&gorm.Session{NewDB: true})
+		require.NoError(t, plain.Migrator().DropIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_claim"))
+		legacy := `CREATE INDEX idx_outbox_events_pending ON outbox_events (created_at, id) WHERE processed = false`
+		if d.name == "mysql" {
+			legacy = `CREATE INDEX idx_outbox_events_pending ON outbox_events (created_at, id)`
+		}
+		require.NoError(t, plain.Exec(legacy).Error)
+		require.NoError(t, db.Create(&User{Name: "a"}).Error)
+
+		_, err := newWorker(t, db, newRecorder()).ProcessOnce(context.Background())
+		require.Error(t, err)
+		assert.ErrorContains(t, err, "idx_outbox_events_claim")
+		assert.ErrorContains(t, err, "outboxplugin.AutoMigrate(db)")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.Error(t, newWorker(t, db, newRecorder()).Run(ctx), "Run fails at once")
+		require.NoError(t, ctx.Err())
+
+		if d.name == "postgres" {
+			// A unique build over duplicate values fails and leaves an INVALID index of that name.
+			require.NoError(t, db.Create(&User{Name: "b"}).Error)
+			err := plain.Exec(`CREATE UNIQUE INDEX CONCURRENTLY idx_outbox_events_claim ON outbox_events (processed)`).Error
+			require.Error(t, err)
+			_, err = newWorker(t, db, newRecorder()).ProcessOnce(context.Background())
+			assert.ErrorContains(t, err, "invalid")
+		}
+
+		require.NoError(t, outboxplugin.AutoMigrate(db))
+		assert.True(t, plain.Migrator().HasIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_claim"))
+		assert.False(t, plain.Migrator().HasIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_pending"), "the pending index is dropped")
+		require.NoError(t, outboxplugin.AutoMigrate(db), "again: nothing to do")
+
+		rec := newRecorder()
+		n, err := newWorker(t, db, rec).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, len(loadEvents(t, db)), n)
+		assert.Equal(t, n, rec.distinct())
+	})
+}
