@@ -80,7 +80,9 @@ func keyIndexName(table string) string {
 
 // claimIndexName is the name GORM gives table's claim index (OutboxEvent's "claim" composite), and
 // legacyPendingIndexName the name of the pending index (created_at, id) that earlier versions declared.
-func claimIndexName(db *gorm.DB, table string) string { return db.NamingStrategy.IndexName(table, "claim") }
+func claimIndexName(db *gorm.DB, table string) string {
+	return db.NamingStrategy.IndexName(table, "claim")
+}
 
 func legacyPendingIndexName(db *gorm.DB, table string) string {
 	return db.NamingStrategy.IndexName(table, "pending")
