@@ -46,5 +46,7 @@ func CleanupTurn(ctx context.Context, w *Worker, olderThan time.Duration) (delet
 // UseClaimIsolation sets the isolation level of w's MySQL/MariaDB claim transactions (by default the
 // server's, REPEATABLE READ), so that benchmarks can compare levels.
 func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
-	w.sql.claimTx = &sql.TxOptions{Isolation: level}
+	if d, ok := w.sql.d.(*mysqlRelay); ok {
+		d.tx = &sql.TxOptions{Isolation: level}
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"time"
 )
@@ -144,30 +143,5 @@ func (q *relaySQL) cleanupLockName() string {
 
 // tryCleanupLock takes the table's cleanup lock on conn without waiting; release lets go of it.
 func (q *relaySQL) tryCleanupLock(ctx context.Context, conn *sql.Conn) (release func(), got bool, err error) {
-	name := q.cleanupLockName()
-	switch q.dialect {
-	case "postgres":
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(name))
-		key := int64(h.Sum64())
-		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil || !got {
-			return nil, false, err
-		}
-		return func() {
-			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key)
-		}, true, nil
-	case "mysql":
-		// GET_LOCK's names are server-wide: the name holds the database's, hashed to fit its 64
-		// characters.
-		const lockName = `CONCAT('outboxplugin.cleanup.', SHA1(CONCAT(DATABASE(), '.', ?)))`
-		var n sql.NullInt64
-		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+lockName+`, 0)`, name).Scan(&n); err != nil || n.Int64 != 1 {
-			return nil, false, err
-		}
-		return func() {
-			_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(`+lockName+`)`, name)
-		}, true, nil
-	default:
-		return func() {}, true, nil
-	}
+	return q.d.tryLock(ctx, conn, q.cleanupLockName())
 }

@@ -22,7 +22,8 @@ type Observer interface {
 type BatchResult struct {
 	// Claimed is the number of events the batch took.
 	Claimed int
-	// Published are the messages the publisher accepted and that were then marked done (or deleted).
+	// Published are the messages the publisher accepted. They were then marked done (or deleted), all
+	// but LeaseLost of them.
 	Published []Message
 	// Failed are the messages that were not published; each will be retried, or is dead.
 	Failed []FailedMessage
@@ -37,8 +38,8 @@ type BatchResult struct {
 	Released int
 	// LeaseLost is the number of published events the worker could no longer mark done: their lease
 	// had run out (renewals failed, or the worker was stalled) and another worker took them over, so
-	// they are published twice. Logged at warn too; counted when the worker marks a batch on its own,
-	// not when the mark rides on its next claim.
+	// they are published twice. Logged at warn too; counted whether the worker marks the batch on its
+	// own or together with its next claim.
 	LeaseLost int
 	// Durations of the three steps: claiming, publishing, and recording the outcome.
 	ClaimDuration, PublishDuration, FinishDuration time.Duration

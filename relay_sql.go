@@ -32,29 +32,42 @@ import (
 // statements work on the three databases and SQLite, which stores times as text, compares like with
 // like; relays' clocks must agree to within a small part of the lease (NTP does).
 type relaySQL struct {
-	dialect string
-	table   string // quoted
-	db      *sql.DB
-
-	// PostgreSQL and SQLite claim with one UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)
-	// RETURNING (PostgreSQL by ctid). PostgreSQL's claimAfterDone also marks the previous batch done,
-	// in a CTE.
-	claimUpdate, claimAfterDone, claimAfterDelete string
-	// MySQL/MariaDB have no UPDATE … RETURNING and cannot UPDATE a table through a LIMIT subquery
-	// on itself: SELECT … FOR UPDATE SKIP LOCKED, then UPDATE the rows found, in one transaction.
-	claimSelect, claimStamp string
+	d     relayDialect
+	table string // quoted
+	db    *sql.DB
 
 	keyOrdering bool
 	batchSize   int
+}
 
-	// claimTx are the options of a MySQL/MariaDB claim's transaction: nil, the server's default
-	// (REPEATABLE READ). At REPEATABLE READ a claim whose scan reaches the end of the (processed,
-	// created_at) index locks the gap where the application's next events go, so their inserts wait
-	// for it; READ COMMITTED would not. Measured on MariaDB (docs/relay.md): READ COMMITTED brought the
-	// application's median Create during claims to 0.84-0.95 of its latency, and cut one worker's
-	// throughput to about 0.55 of its rate at REPEATABLE READ — a bad trade, so claims keep the default.
-	// BenchmarkInsertDuringClaims and BenchmarkRelayThroughput compare the two (UseClaimIsolation).
-	claimTx *sql.TxOptions
+// relayDialect is what differs between databases in the relay's SQL, one implementation per database
+// (relay_postgres.go, relay_mysql.go, relay_sqlite.go): how a claim is written and run, bind
+// variables, id lists, lease renewal, cleanup's DELETE and the cleanup lock. The rest of the relay's
+// SQL is the same text everywhere, built by relaySQL with the dialect's bind variables and id lists.
+type relayDialect interface {
+	// build writes the dialect's claim statements from the parts every dialect shares.
+	build(q *relaySQL, p claimParts)
+	// claim leases up to a batch of pending rows to owner until leaseUntil. When prev is not nil,
+	// its rows are marked done (or deleted) in the same statement or transaction, and marked is how
+	// many of them were still leased to owner.
+	claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error)
+	// bind rewrites the ? placeholders of query as the dialect's bind variables.
+	bind(query string) string
+	// idList returns the condition and arguments that select ids.
+	idList(ids []int64) (string, []any)
+	// rowsMatch returns the condition and arguments that select the given leased rows.
+	rowsMatch(ids []int64, ctids []string) (string, []any)
+	// renew runs the lease-extending UPDATE query with args; moved is where each row now is, on
+	// databases that address leased rows by their place (PostgreSQL's ctid).
+	renew(ctx context.Context, db *sql.DB, query string, args []any) (moved map[int64]string, n int64, err error)
+	// cleanupQuery deletes up to ? processed rows created before ?.
+	cleanupQuery(table string) string
+	// tryLock takes the lock name on conn without waiting; release lets go of it.
+	tryLock(ctx context.Context, conn *sql.Conn, name string) (release func(), got bool, err error)
+	// clock is the worker's current time as the claim compares it.
+	clock(now time.Time) time.Time
+	// listens reports whether the database wakes the worker with notifications.
+	listens() bool
 }
 
 // returnedColumns are the columns a claim reads back, in scan order.
@@ -71,9 +84,14 @@ const unfinishedDelivery = "outboxplugin: an earlier delivery did not finish (it
 const stampUnfinished = `last_error = CASE WHEN locked_by IS NOT NULL THEN '` + unfinishedDelivery + `' ELSE last_error END, `
 
 func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*relaySQL, error) {
-	dialect := db.Dialector.Name()
-	switch dialect {
-	case "postgres", "mysql", "sqlite":
+	var d relayDialect
+	switch dialect := db.Dialector.Name(); dialect {
+	case "postgres":
+		d = &pgRelay{}
+	case "mysql":
+		d = &mysqlRelay{}
+	case "sqlite":
+		d = &sqliteRelay{}
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrUnsupportedDialect, dialect)
 	}
@@ -82,7 +100,7 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 		return nil, fmt.Errorf("the relay needs a *sql.DB: %w", err)
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &relaySQL{dialect: dialect, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize}
+	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize}
 
 	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
 	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
@@ -115,123 +133,57 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 			` AND p.aggregate_id = c.aggregate_id AND p.processed = false AND p.id <> c.id` +
 			` AND (p.id < c.id OR p.locked_until >= ?)))`
 	}
-	due := `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ?` + live
-	fresh := `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + live
-	dueOrder := `c.processed, c.dead_at, c.next_attempt_at, c.created_at, c.id`
-	freshOrder := dueOrder
-	if dialect == "mysql" {
-		dueOrder, freshOrder = `c.next_attempt_at, c.created_at, c.id`, `c.created_at, c.id`
-	}
-	// The batch size is written into the text, not bound: with LIMIT a parameter, PostgreSQL's plan
-	// cache never trusts a generic plan and plans every claim anew (about a tenth of a claim's time);
-	// with it written out, the prepared claim is planned once per connection.
-	limit := ` LIMIT ` + strconv.Itoa(batchSize)
-	run := func(cols, where, order string) string {
-		return `SELECT ` + cols + ` FROM ` + q.table + ` c WHERE ` + where + ` ORDER BY ` + order + limit + ` ` + lock
-	}
-	// pick selects col of the batch's rows: the due run, then the fresh run, up to the batch. The
-	// outer LIMIT stops the fresh run's scan (and its row locks) once the batch is full.
-	pick := func(col string) string {
-		return `SELECT ` + col + ` FROM (` + run(`c.`+col, due, dueOrder) + `) d UNION ALL SELECT ` + col +
-			` FROM (` + run(`c.`+col, fresh, freshOrder) + `) f` + limit
-	}
-	stamp := `UPDATE ` + q.table + ` SET ` + stampUnfinished + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
-
-	switch dialect {
-	case "mysql":
-		// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB runs
-		// both runs of a UNION to the end of their LIMIT, so a claim locks up to the due rows more than
-		// it takes, until its transaction commits a moment later; other relays skip them meanwhile.
-		cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
-			`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
-		q.claimSelect = `(` + run(cols, due, dueOrder) + `) UNION ALL (` + run(cols, fresh, freshOrder) + `)` + limit
-		q.claimStamp = stamp // + id IN (...)
-	case "postgres":
-		// The rows are addressed by ctid, taken under the lock the subquery holds: a TID scan
-		// instead of a primary-key probe per row.
-		claim := strings.Replace(stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
-			`ctid = ANY(ARRAY(` + pick("ctid") + `)) RETURNING ` + returnedColumns + `, ctid::text`
-		q.claimUpdate = q.bind(`WITH ` + pgAsyncCommit + ` ` + claim)
-		// The previous batch is marked done in the same statement. Its rows are leased to this
-		// worker, so the claim's subquery (which sees the table as it was before the statement) does
-		// not pick them again.
-		q.claimAfterDone = q.bind(`WITH ` + pgAsyncCommit + `, done AS (UPDATE ` + q.table + ` SET processed = true, processed_at = ?,` +
-			` locked_by = NULL, locked_until = NULL WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
-		q.claimAfterDelete = q.bind(`WITH ` + pgAsyncCommit + `, done AS (DELETE FROM ` + q.table +
-			` WHERE ` + pgRowMatch + ` AND locked_by = ?) ` + claim)
-	default:
-		q.claimUpdate = stamp + `id IN (` + pick("id") + `) RETURNING ` + returnedColumns
-	}
+	d.build(q, claimParts{
+		due:   `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ?` + live,
+		fresh: `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + live,
+		// The batch size is written into the text, not bound: with LIMIT a parameter, PostgreSQL's
+		// plan cache never trusts a generic plan and plans every claim anew (about a tenth of a
+		// claim's time); with it written out, the prepared claim is planned once per connection.
+		limit: ` LIMIT ` + strconv.Itoa(batchSize),
+		lock:  lock,
+		table: q.table,
+		stamp: `UPDATE ` + q.table + ` SET ` + stampUnfinished + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `,
+	})
 	return q, nil
 }
 
-// pgAsyncCommit is a CTE that turns synchronous_commit off for the claim's own transaction (the
-// statement runs alone, so that is the statement): see docs/relay.md, "Asynchronous commits".
-const pgAsyncCommit = `relay_async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))`
+// claimParts are the pieces of a claim every dialect shares: the predicates of the due run and of the
+// fresh run (each with its placeholders, in pickArgs order), the LIMIT clause, the locking clause, the
+// quoted table, and the head of the UPDATE that stamps the lease.
+type claimParts struct {
+	due, fresh, limit, lock, table, stamp string
+}
 
-// pgRowMatch finds leased rows on PostgreSQL by the ctid their claim returned, a TID scan instead of
-// a primary-key probe per row. The id must match too: a row whose lease was taken over has moved to
-// a new ctid, and its old slot may in time hold another row.
-const pgRowMatch = `ctid = ANY(?::tid[]) AND id = ANY(?::bigint[])`
+// run selects cols of one run (due or fresh), in order, up to a batch, locking the rows.
+func (p claimParts) run(cols, where, order string) string {
+	return `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE ` + where + ` ORDER BY ` + order + p.limit + ` ` + p.lock
+}
+
+// claimOrder is the ORDER BY of both runs where it names every column of the claim index: PostgreSQL
+// takes a column IS NULL for no constant, and reads the index in order only for an ORDER BY that
+// follows its columns (otherwise it would sort every pending row).
+const claimOrder = `c.processed, c.dead_at, c.next_attempt_at, c.created_at, c.id`
+
+// pickUnion selects col of the batch's rows: the due run, then the fresh run, up to the batch. The
+// outer LIMIT stops the fresh run's scan (and, on PostgreSQL, its row locks) once the batch is full.
+func (p claimParts) pickUnion(col string) string {
+	return `SELECT ` + col + ` FROM (` + p.run(`c.`+col, p.due, claimOrder) + `) d UNION ALL SELECT ` + col +
+		` FROM (` + p.run(`c.`+col, p.fresh, claimOrder) + `) f` + p.limit
+}
 
 // rowsMatch returns the condition and arguments that select the given leased rows.
 func (q *relaySQL) rowsMatch(ids []int64, ctids []string) (string, []any) {
-	if q.dialect == "postgres" && len(ctids) == len(ids) {
-		_, idArgs := q.idList(ids)
-		return pgRowMatch, []any{pgTextArray(ctids), idArgs[0]}
-	}
-	return q.idList(ids)
+	return q.d.rowsMatch(ids, ctids)
 }
 
-// pgTextArray writes an array literal of values that need no escaping (ctids: "(12,3)").
-func pgTextArray(values []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, v := range values {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		b.WriteString(v)
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
-}
+// bind rewrites ? placeholders as the dialect's bind variables. The relay's SQL has no ? anywhere else.
+func (q *relaySQL) bind(query string) string { return q.d.bind(query) }
 
-// bind rewrites ? placeholders as PostgreSQL's $n. The relay's SQL has no ? anywhere else.
-func (q *relaySQL) bind(query string) string {
-	if q.dialect != "postgres" {
-		return query
-	}
-	var b strings.Builder
-	n := 0
-	for i := 0; i < len(query); i++ {
-		if query[i] == '?' {
-			n++
-			b.WriteByte('$')
-			b.WriteString(strconv.Itoa(n))
-			continue
-		}
-		b.WriteByte(query[i])
-	}
-	return b.String()
-}
+// idList returns the text and arguments that select ids.
+func (q *relaySQL) idList(ids []int64) (string, []any) { return q.d.idList(ids) }
 
-// idList returns the text and arguments that select ids: = ANY($n::bigint[]) with one array on
-// PostgreSQL (one statement text for every batch size), IN (?, …) elsewhere.
-func (q *relaySQL) idList(ids []int64) (string, []any) {
-	if q.dialect == "postgres" {
-		b := make([]byte, 0, 2+len(ids)*8)
-		b = append(b, '{')
-		for i, id := range ids {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, id, 10)
-		}
-		return "id = ANY(?::bigint[])", []any{string(append(b, '}'))}
-	}
+// inList is id IN (?, …), as MySQL and SQLite select ids.
+func inList(ids []int64) (string, []any) {
 	args := make([]any, len(ids))
 	for i, id := range ids {
 		args[i] = id
@@ -262,11 +214,7 @@ type claimedRow struct {
 
 // pickArgs are the values of the pick subquery's placeholders, in text order.
 func (q *relaySQL) pickArgs(now time.Time) []any {
-	if q.dialect == "mysql" {
-		// go-sql-driver sends a time with its nanoseconds, and MariaDB then bounds no index range
-		// on a DATETIME(6) column by it: the due run would be scanned to its end.
-		now = now.Truncate(time.Microsecond)
-	}
+	now = q.d.clock(now)
 	if q.keyOrdering {
 		return []any{now, now, now, now, now} // due: next attempt, lease, key lease; fresh: lease, key lease
 	}
@@ -280,66 +228,17 @@ type doneBatch struct {
 	now   time.Time
 }
 
-// claim leases up to a batch of pending rows to owner until leaseUntil. When prev is not nil, its rows are
-// marked done (or deleted) in the same statement or transaction.
-func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) ([]claimedRow, error) {
-	claimArgs := append([]any{owner, leaseUntil}, q.pickArgs(now)...)
-	switch {
-	case q.dialect == "postgres" && prev != nil:
-		// claimAfterDone's text is written with pgRowMatch; rowsMatch gives its arguments.
-		_, match := q.rowsMatch(prev.ids, prev.ctids)
-		match = append(match, owner)
-		var rows *sql.Rows
-		var err error
-		if deleteDone {
-			rows, err = q.db.QueryContext(ctx, q.claimAfterDelete, append(match, claimArgs...)...)
-		} else {
-			rows, err = q.db.QueryContext(ctx, q.claimAfterDone, append(append([]any{prev.now}, match...), claimArgs...)...)
-		}
-		if err != nil {
-			return nil, err
-		}
-		return q.scanClaimed(rows, 0, true)
-	case q.dialect == "postgres":
-		rows, err := q.db.QueryContext(ctx, q.claimUpdate, claimArgs...)
-		if err != nil {
-			return nil, err
-		}
-		return q.scanClaimed(rows, 0, true)
-	}
+// claim leases up to a batch of pending rows to owner until leaseUntil. When prev is not nil, its rows
+// are marked done (or deleted) in the same statement or transaction, and marked is how many of them
+// were still leased to owner.
+func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error) {
+	return q.d.claim(ctx, q, owner, now, leaseUntil, prev, deleteDone)
+}
 
-	var claimed []claimedRow
-	var opts *sql.TxOptions
-	if q.dialect == "mysql" {
-		opts = q.claimTx
-	}
-	err := q.inTxAt(ctx, opts, func(tx *sql.Tx) error {
-		if prev != nil {
-			if _, err := q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
-				return err
-			}
-		}
-		if q.dialect == "sqlite" {
-			rows, err := tx.QueryContext(ctx, q.claimUpdate, claimArgs...)
-			if err != nil {
-				return err
-			}
-			claimed, err = q.scanClaimed(rows, 0, false)
-			return err
-		}
-		rows, err := tx.QueryContext(ctx, q.claimSelect, q.pickArgs(now)...)
-		if err != nil {
-			return err
-		}
-		// Read before the stamp, which adds the attempt.
-		if claimed, err = q.scanClaimed(rows, 1, false); err != nil || len(claimed) == 0 {
-			return err
-		}
-		in, ids := q.idList(rowIDs(claimed))
-		_, err = tx.ExecContext(ctx, q.claimStamp+in, append([]any{owner, leaseUntil}, ids...)...)
-		return err
-	})
-	return claimed, err
+// claimArgs are the values of a claim's placeholders after those of the rows to mark: the lease's
+// owner and expiry, then the runs'.
+func (q *relaySQL) claimArgs(owner string, now, leaseUntil time.Time) []any {
+	return append([]any{owner, leaseUntil}, q.pickArgs(now)...)
 }
 
 // inTx runs fn in a transaction.
@@ -366,7 +265,10 @@ type execer interface {
 
 // scanClaimed reads a claim's rows into a slice sized for a batch, scanning each straight into its
 // element: per row, only what the driver must copy is allocated.
-func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool) (out []claimedRow, err error) {
+//
+// With marked not nil, every row starts with a column that is -1 for a claimed row; a row where it is not
+// is the count of rows the statement marked done, read into *marked.
+func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool, marked *int64) (out []claimedRow, err error) {
 	defer func() { err = errors.Join(err, rows.Close()) }()
 	var (
 		payload, headers []byte
@@ -374,24 +276,34 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool)
 		attempts         int
 		lastError        sql.NullString
 		dest             []any
+		mark             int64
 	)
 	for rows.Next() {
 		if out == nil {
 			// Sized on the first row, so that an empty poll allocates nothing; capped, so that a
 			// huge batch size grows the slice as rows come.
 			out = make([]claimedRow, 0, min(q.batchSize, 1000))
-			dest = make([]any, 0, 10)
+			dest = make([]any, 0, 12)
 		}
 		out = append(out, claimedRow{})
 		r := &out[len(out)-1]
 		m := &r.msg
 		payload, headers, created = nil, nil, nil
-		dest = append(dest[:0], &r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError)
+		dest = dest[:0]
+		if marked != nil {
+			dest = append(dest, &mark)
+		}
+		dest = append(dest, &r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError)
 		if withCtid {
 			dest = append(dest, &r.ctid)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("scan claimed row: %w", err)
+		}
+		if marked != nil && mark >= 0 {
+			*marked = mark
+			out = out[:len(out)-1]
+			continue
 		}
 		m.Payload = payload
 		if len(headers) > 0 && string(headers) != "null" {
@@ -548,30 +460,17 @@ func (q *relaySQL) countAttempt(ctx context.Context, ex execer, owner string, id
 func (q *relaySQL) renew(ctx context.Context, owner string, ids []int64, until time.Time) (moved map[int64]string, n int64, err error) {
 	in, idArgs := q.idList(ids)
 	query := `UPDATE ` + q.table + ` SET locked_until = ? WHERE ` + in + ` AND locked_by = ?`
-	args := append(append([]any{until}, idArgs...), owner)
-	if q.dialect != "postgres" {
-		res, err := q.db.ExecContext(ctx, q.bind(query), args...)
-		if err != nil {
-			return nil, 0, err
-		}
-		n, err = res.RowsAffected()
-		return nil, n, err
-	}
-	rows, err := q.db.QueryContext(ctx, q.bind(query+` RETURNING id, ctid::text`), args...)
+	return q.d.renew(ctx, q.db, q.bind(query), append(append([]any{until}, idArgs...), owner))
+}
+
+// execRenew is renew for databases that address rows by id alone.
+func execRenew(ctx context.Context, db *sql.DB, query string, args []any) (map[int64]string, int64, error) {
+	res, err := db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer rows.Close()
-	moved = make(map[int64]string, len(ids))
-	for rows.Next() {
-		var id int64
-		var ctid string
-		if err := rows.Scan(&id, &ctid); err != nil {
-			return nil, 0, err
-		}
-		moved[id] = ctid
-	}
-	return moved, int64(len(moved)), rows.Err()
+	n, err := res.RowsAffected()
+	return nil, n, err
 }
 
 // release hands rows back unpublished, without counting the attempt; a non-empty lastError is
@@ -588,15 +487,9 @@ func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []i
 }
 
 // cleanupChunk deletes up to limit processed rows created before cutoff. The predicate spells
-// processed = true out for the partial (processed, created_at) index; MySQL takes LIMIT on DELETE
-// but not in a subquery of the table it deletes from.
+// processed = true out for the partial (processed, created_at) index.
 func (q *relaySQL) cleanupChunk(ctx context.Context, ex execer, cutoff time.Time, limit int) (int64, error) {
-	query := `DELETE FROM ` + q.table + ` WHERE id IN (SELECT id FROM ` + q.table +
-		` WHERE processed = true AND created_at < ? LIMIT ?)`
-	if q.dialect == "mysql" {
-		query = `DELETE FROM ` + q.table + ` WHERE processed = true AND created_at < ? LIMIT ?`
-	}
-	res, err := ex.ExecContext(ctx, q.bind(query), cutoff, limit)
+	res, err := ex.ExecContext(ctx, q.bind(q.d.cleanupQuery(q.table)), cutoff, limit)
 	if err != nil {
 		return 0, err
 	}

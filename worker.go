@@ -139,7 +139,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan struct{})
-	listening := w.cfg.listen && w.sql.dialect == "postgres"
+	listening := w.cfg.listen && w.sql.d.listens()
 	if listening {
 		go func() {
 			defer close(done)
@@ -285,7 +285,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	rows, err := w.sql.claim(cctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
+	rows, marked, err := w.sql.claim(cctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
 	c.res.ClaimDuration = time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("outboxplugin: claim: %w", err)
@@ -293,6 +293,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	if prev != nil {
 		prev.marked = true
 		prev.res.FinishDuration = c.res.ClaimDuration
+		w.noteLeaseLost(ctx, &prev.res, len(prevDone.ids), marked)
 		w.cfg.observer.BatchDone(ctx, prev.res)
 	}
 	c.res.Claimed = len(rows)

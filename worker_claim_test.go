@@ -119,3 +119,77 @@ func TestAutoMigrateUpgradesATableOfAnEarlierVersion(t *testing.T) {
 		assert.Equal(t, n, rec.distinct())
 	})
 }
+
+// Rows a worker published but could no longer mark done — another worker took their lease over — are
+// reported as BatchResult.LeaseLost, both when the worker marks a batch on its own (ProcessOnce) and
+// when Run marks it together with the next claim (on PostgreSQL in the claim's statement).
+func TestLeaseLostIsReported(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		for _, mode := range []string{"ProcessOnce", "Run"} {
+			t.Run(mode, func(t *testing.T) {
+				db := setup(t, d, nil)
+				users := make([]User, 10)
+				require.NoError(t, db.Create(&users).Error)
+
+				var (
+					mu       sync.Mutex
+					results  []outboxplugin.BatchResult
+					stoleOne bool
+				)
+				pub := outboxplugin.PublisherFunc(func(_ context.Context, msgs []outboxplugin.Message) error {
+					mu.Lock()
+					steal := !stoleOne
+					stoleOne = true
+					mu.Unlock()
+					if steal {
+						// Another relay takes the batch over while it is being published.
+						ids := make([]string, len(msgs))
+						for i, m := range msgs {
+							ids[i] = m.ID
+						}
+						return db.Session(&gorm.Session{NewDB: true}).Model(&outboxplugin.OutboxEvent{}).Where("message_id IN ?", ids).
+							Updates(map[string]any{"locked_by": "another-relay", "locked_until": time.Now().Add(time.Hour).UTC()}).Error
+					}
+					return nil
+				})
+				obs := &batchObserver{onBatch: func(r outboxplugin.BatchResult) {
+					mu.Lock()
+					defer mu.Unlock()
+					results = append(results, r)
+				}}
+				w := newWorker(t, db, pub, outboxplugin.WithBatchSize(5), outboxplugin.WithObserver(obs),
+					outboxplugin.WithPollInterval(10*time.Millisecond))
+				totals := func() (lost, published int) {
+					mu.Lock()
+					defer mu.Unlock()
+					for _, r := range results {
+						lost += r.LeaseLost
+						published += len(r.Published)
+					}
+					return lost, published
+				}
+				if mode == "ProcessOnce" {
+					for range 3 {
+						_, err := w.ProcessOnce(context.Background())
+						require.NoError(t, err)
+					}
+				} else {
+					ctx, cancel := context.WithCancel(context.Background())
+					done := make(chan error, 1)
+					go func() { done <- w.Run(ctx) }()
+					require.Eventually(t, func() bool { lost, published := totals(); return lost == 5 && published == 10 },
+						20*time.Second, 10*time.Millisecond)
+					cancel()
+					require.NoError(t, <-done)
+				}
+				lost, _ := totals()
+				assert.Equal(t, 5, lost, "the stolen batch")
+				var mine, theirs int64
+				require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", true).Count(&mine).Error)
+				require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("locked_by = ?", "another-relay").Count(&theirs).Error)
+				assert.Equal(t, int64(5), mine, "the worker marked only the rows it still held")
+				assert.Equal(t, int64(5), theirs, "and left the others to the relay that took them")
+			})
+		}
+	})
+}

@@ -1,0 +1,167 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// pgRelay is the relay's SQL on PostgreSQL. A claim is one statement, UPDATE … WHERE ctid =
+// ANY(ARRAY(due run UNION ALL fresh run)) RETURNING: the rows are addressed by the ctid taken under
+// the lock the subquery holds (a TID scan instead of a primary-key probe per row). Run's claims also
+// mark the previous batch done, in a CTE of the same statement, and report how many rows that mark
+// found still leased in one extra row of the result.
+type pgRelay struct {
+	claimUpdate, claimAfterDone, claimAfterDelete string
+}
+
+// pgAsyncCommit is a CTE that turns synchronous_commit off for the claim's own transaction (the
+// statement runs alone, so that is the statement): see docs/relay.md, "Asynchronous commits".
+const pgAsyncCommit = `relay_async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))`
+
+// pgRowMatch finds leased rows on PostgreSQL by the ctid their claim returned, a TID scan instead of
+// a primary-key probe per row. The id must match too: a row whose lease was taken over has moved to
+// a new ctid, and its old slot may in time hold another row.
+const pgRowMatch = `ctid = ANY(?::tid[]) AND id = ANY(?::bigint[])`
+
+func (d *pgRelay) build(q *relaySQL, p claimParts) {
+	claim := strings.Replace(p.stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
+		`ctid = ANY(ARRAY(` + p.pickUnion("ctid") + `)) RETURNING ` + returnedColumns + `, ctid::text`
+	d.claimUpdate = d.bind(`WITH ` + pgAsyncCommit + ` ` + claim)
+	// The previous batch is marked done in the same statement. Its rows are leased to this worker, so
+	// the claim's subquery (which sees the table as it was before the statement) does not pick them
+	// again. Each claimed row comes with -1 before its columns; one more row carries the number of
+	// rows the mark found still leased to the worker (fewer than the batch: leases lost), with
+	// placeholders of the claimed rows' types in the other columns.
+	marked := func(done string) string {
+		return d.bind(`WITH ` + pgAsyncCommit + `, done AS (` + done + ` WHERE ` + pgRowMatch + ` AND locked_by = ? RETURNING 1), ` +
+			`claimed AS (` + claim + `) SELECT -1, claimed.* FROM claimed UNION ALL ` +
+			`SELECT count(*), 0, '', '', '', '', NULL, NULL, NULL, 0, NULL, '' FROM done`)
+	}
+	d.claimAfterDone = marked(`UPDATE ` + q.table + ` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL`)
+	d.claimAfterDelete = marked(`DELETE FROM ` + q.table)
+}
+
+func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) ([]claimedRow, int64, error) {
+	claimArgs := q.claimArgs(owner, now, leaseUntil)
+	if prev == nil {
+		rows, err := q.db.QueryContext(ctx, d.claimUpdate, claimArgs...)
+		if err != nil {
+			return nil, 0, err
+		}
+		claimed, err := q.scanClaimed(rows, 0, true, nil)
+		return claimed, 0, err
+	}
+	// claimAfterDone's text is written with pgRowMatch; rowsMatch gives its arguments.
+	_, match := d.rowsMatch(prev.ids, prev.ctids)
+	match = append(match, owner)
+	query := d.claimAfterDelete
+	if !deleteDone {
+		query = d.claimAfterDone
+		match = append([]any{prev.now}, match...)
+	}
+	rows, err := q.db.QueryContext(ctx, query, append(match, claimArgs...)...)
+	if err != nil {
+		return nil, 0, err
+	}
+	var marked int64
+	claimed, err := q.scanClaimed(rows, 0, true, &marked)
+	return claimed, marked, err
+}
+
+// bind rewrites ? placeholders as PostgreSQL's $n.
+func (*pgRelay) bind(query string) string {
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+// idList selects ids with = ANY($n::bigint[]) and one array: one statement text for every batch size.
+func (*pgRelay) idList(ids []int64) (string, []any) {
+	b := make([]byte, 0, 2+len(ids)*8)
+	b = append(b, '{')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return "id = ANY(?::bigint[])", []any{string(append(b, '}'))}
+}
+
+func (d *pgRelay) rowsMatch(ids []int64, ctids []string) (string, []any) {
+	_, idArgs := d.idList(ids)
+	if len(ctids) != len(ids) {
+		return "id = ANY(?::bigint[])", idArgs
+	}
+	return pgRowMatch, []any{pgTextArray(ctids), idArgs[0]}
+}
+
+// pgTextArray writes an array literal of values that need no escaping (ctids: "(12,3)").
+func pgTextArray(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(v)
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// renew returns where each renewed row now is: an UPDATE moves a row to a new ctid.
+func (*pgRelay) renew(ctx context.Context, db *sql.DB, query string, args []any) (map[int64]string, int64, error) {
+	rows, err := db.QueryContext(ctx, query+` RETURNING id, ctid::text`, args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	moved := make(map[int64]string)
+	for rows.Next() {
+		var id int64
+		var ctid string
+		if err := rows.Scan(&id, &ctid); err != nil {
+			return nil, 0, err
+		}
+		moved[id] = ctid
+	}
+	return moved, int64(len(moved)), rows.Err()
+}
+
+func (*pgRelay) cleanupQuery(table string) string {
+	return `DELETE FROM ` + table + ` WHERE id IN (SELECT id FROM ` + table + ` WHERE processed = true AND created_at < ? LIMIT ?)`
+}
+
+// tryLock takes a session advisory lock keyed by a hash of name.
+func (*pgRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (func(), bool, error) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	key := int64(h.Sum64())
+	var got bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil || !got {
+		return nil, false, err
+	}
+	return func() {
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key)
+	}, true, nil
+}
+
+func (*pgRelay) clock(now time.Time) time.Time { return now }
+
+func (*pgRelay) listens() bool { return true }

@@ -1,0 +1,60 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"time"
+)
+
+// sqliteRelay is the relay's SQL on SQLite: a claim is one UPDATE … WHERE id IN (due run UNION ALL
+// fresh run) RETURNING, which holds the database's write lock from its start, so that two relays'
+// claims run one after the other (SQLite has no row locks, and GORM writes no FOR UPDATE for it). Run's
+// claims mark the previous batch done in the same transaction.
+type sqliteRelay struct {
+	claimUpdate string
+}
+
+func (d *sqliteRelay) build(_ *relaySQL, p claimParts) {
+	d.claimUpdate = p.stamp + `id IN (` + p.pickUnion("id") + `) RETURNING ` + returnedColumns
+}
+
+func (d *sqliteRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
+	err = q.inTx(ctx, func(tx *sql.Tx) error {
+		if prev != nil {
+			var err error
+			if marked, err = q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.QueryContext(ctx, d.claimUpdate, q.claimArgs(owner, now, leaseUntil)...)
+		if err != nil {
+			return err
+		}
+		claimed, err = q.scanClaimed(rows, 0, false, nil)
+		return err
+	})
+	return claimed, marked, err
+}
+
+func (*sqliteRelay) bind(query string) string { return query }
+
+func (*sqliteRelay) idList(ids []int64) (string, []any) { return inList(ids) }
+
+func (*sqliteRelay) rowsMatch(ids []int64, _ []string) (string, []any) { return inList(ids) }
+
+func (*sqliteRelay) renew(ctx context.Context, db *sql.DB, query string, args []any) (map[int64]string, int64, error) {
+	return execRenew(ctx, db, query, args)
+}
+
+func (*sqliteRelay) cleanupQuery(table string) string {
+	return `DELETE FROM ` + table + ` WHERE id IN (SELECT id FROM ` + table + ` WHERE processed = true AND created_at < ? LIMIT ?)`
+}
+
+// tryLock always succeeds: SQLite serialises writers anyway, and one database file is one host's.
+func (*sqliteRelay) tryLock(context.Context, *sql.Conn, string) (func(), bool, error) {
+	return func() {}, true, nil
+}
+
+func (*sqliteRelay) clock(now time.Time) time.Time { return now }
+
+func (*sqliteRelay) listens() bool { return false }
