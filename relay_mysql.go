@@ -8,10 +8,18 @@ import (
 )
 
 // mysqlRelay is the relay's SQL on MySQL and MariaDB, which have no UPDATE … RETURNING and cannot
-// UPDATE a table through a LIMIT subquery on itself: a claim is a short transaction, SELECT (due run)
-// UNION ALL (fresh run) FOR UPDATE SKIP LOCKED, then UPDATE of the rows found.
+// UPDATE a table through a LIMIT subquery on itself: a claim is a short transaction that reads the
+// rows with FOR UPDATE SKIP LOCKED, then UPDATEs the rows found.
+//
+// The due run is first read without locks, and only the rows it finds are then locked, by primary key.
+// At REPEATABLE READ a locking read takes a next-key lock on the first record past its range, and past
+// the due run (which is empty most of the time) comes the gap after the last fresh event, where every
+// new event goes: a locking read of it would hold up the application's inserts during every claim, and
+// deadlocked two relays whose marks move rows into the processed part of the index. The fresh run is
+// read with locks; its scan stops at the batch, and reaches the end of the run only when the relay
+// has caught up (see tx).
 type mysqlRelay struct {
-	claimSelect, claimStamp string
+	dueProbe, dueLock, freshSelect, claimStamp string
 
 	// tx are the options of a claim's transaction: nil, the server's default (REPEATABLE READ). At
 	// REPEATABLE READ a claim whose scan reaches the end of the claim index's fresh run locks the gap
@@ -24,38 +32,82 @@ type mysqlRelay struct {
 }
 
 func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
-	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB runs both
-	// runs of a UNION to the end of their LIMIT, so a claim locks up to the due rows more than it
-	// takes, until its transaction commits a moment later; other relays skip them meanwhile. It sorts
-	// when an ORDER BY names the columns the predicate fixes, so each run names only the others.
+	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB sorts when
+	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
 		`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
-	d.claimSelect = `(` + p.run(cols, p.due, `c.next_attempt_at, c.created_at, c.id`) + `) UNION ALL (` +
-		p.run(cols, p.fresh, `c.created_at, c.id`) + `)` + p.limit
+	const dueOrder = `c.next_attempt_at, c.created_at, c.id`
+	d.dueProbe = `SELECT c.id FROM ` + p.table + ` c WHERE ` + p.due + ` ORDER BY ` + dueOrder + p.limit
+	d.dueLock = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE c.id IN (%s) AND ` + p.due + ` ` + p.lock
+	// The fresh run takes what the due rows leave of the batch: its LIMIT is bound.
+	d.freshSelect = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id LIMIT ? ` + p.lock
 	d.claimStamp = p.stamp // + id IN (...)
 }
 
 func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
+	args := q.pickArgs(now)
+	dueArgs, freshArgs := args[:len(args)-q.freshArgCount()], args[len(args)-q.freshArgCount():]
 	err = q.inTxAt(ctx, d.tx, func(tx *sql.Tx) error {
+		claimed = nil
 		if prev != nil {
 			var err error
 			if marked, err = q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, d.claimSelect, q.pickArgs(now)...)
+		due, err := d.probeDue(ctx, tx, dueArgs)
 		if err != nil {
 			return err
 		}
-		// Read before the stamp, which adds the attempt.
-		if claimed, err = q.scanClaimed(rows, 1, false, nil); err != nil || len(claimed) == 0 {
-			return err
+		if len(due) > 0 {
+			in, ids := inList(due)
+			rows, err := tx.QueryContext(ctx, strings.Replace(d.dueLock, "c.id IN (%s)", "c."+in, 1), append(ids, dueArgs...)...)
+			if err != nil {
+				return err
+			}
+			// Read before the stamp, which adds the attempt.
+			if claimed, err = q.scanClaimed(rows, 1, false, nil); err != nil {
+				return err
+			}
 		}
+		if left := q.batchSize - len(claimed); left > 0 {
+			rows, err := tx.QueryContext(ctx, d.freshSelect, append(freshArgs, left)...)
+			if err != nil {
+				return err
+			}
+			fresh, err := q.scanClaimed(rows, 1, false, nil)
+			if err != nil {
+				return err
+			}
+			claimed = append(claimed, fresh...)
+		}
+		if len(claimed) == 0 {
+			return nil
+		}
+		sortClaimed(claimed)
 		in, ids := d.idList(rowIDs(claimed))
 		_, err = tx.ExecContext(ctx, d.claimStamp+in, append([]any{owner, leaseUntil}, ids...)...)
 		return err
 	})
 	return claimed, marked, err
+}
+
+// probeDue returns the ids of the due run, read without locks.
+func (d *mysqlRelay) probeDue(ctx context.Context, tx *sql.Tx, args []any) ([]int64, error) {
+	rows, err := tx.QueryContext(ctx, d.dueProbe, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 func (*mysqlRelay) bind(query string) string { return query }

@@ -221,6 +221,14 @@ func (q *relaySQL) pickArgs(now time.Time) []any {
 	return []any{now, now, now} // due: next attempt, lease; fresh: lease
 }
 
+// freshArgCount is how many of pickArgs belong to the fresh run (the last ones).
+func (q *relaySQL) freshArgCount() int {
+	if q.keyOrdering {
+		return 2
+	}
+	return 1
+}
+
 // doneBatch is a published batch whose rows Run marks done together with the next claim.
 type doneBatch struct {
 	ids   []int64
