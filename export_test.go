@@ -50,3 +50,6 @@ func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
 		d.tx = &sql.TxOptions{Isolation: level}
 	}
 }
+
+// ClaimRetryable reports whether w runs a claim that failed with err again at once.
+func ClaimRetryable(w *Worker, err error) bool { return w.sql.d.retryable(err) }

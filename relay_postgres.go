@@ -165,3 +165,7 @@ func (*pgRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (func(
 func (*pgRelay) clock(now time.Time) time.Time { return now }
 
 func (*pgRelay) listens() bool { return true }
+
+// retryable: a claim is one statement that takes row locks in index order with SKIP LOCKED; it does not
+// deadlock with another claim, and other errors are not the claim's to retry.
+func (*pgRelay) retryable(error) bool { return false }

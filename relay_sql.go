@@ -68,6 +68,9 @@ type relayDialect interface {
 	clock(now time.Time) time.Time
 	// listens reports whether the database wakes the worker with notifications.
 	listens() bool
+	// retryable reports whether a claim that failed with err rolled back whole and may simply be run
+	// again at once (MySQL's deadlock victim).
+	retryable(err error) bool
 }
 
 // returnedColumns are the columns a claim reads back, in scan order.

@@ -58,3 +58,6 @@ func (*sqliteRelay) tryLock(context.Context, *sql.Conn, string) (func(), bool, e
 func (*sqliteRelay) clock(now time.Time) time.Time { return now }
 
 func (*sqliteRelay) listens() bool { return false }
+
+// retryable: SQLite claims wait for the write lock (the DSN's busy timeout) and never deadlock.
+func (*sqliteRelay) retryable(error) bool { return false }

@@ -285,7 +285,19 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	rows, marked, err := w.sql.claim(cctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
+	var (
+		rows   []claimedRow
+		marked int64
+		err    error
+	)
+	for try := 1; ; try++ {
+		rows, marked, err = w.sql.claim(cctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
+		if err == nil || try == claimTries || !w.sql.d.retryable(err) || cctx.Err() != nil {
+			break
+		}
+		w.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "outboxplugin: claim rolled back as a deadlock's victim; claiming again",
+			slog.String("worker", w.owner), slog.Int("try", try))
+	}
 	c.res.ClaimDuration = time.Since(start)
 	if err != nil {
 		return nil, fmt.Errorf("outboxplugin: claim: %w", err)
@@ -309,6 +321,10 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	}
 	return c, nil
 }
+
+// claimTries is how many times a claim is run when the database rolls it back as a deadlock's victim
+// (see relayDialect.retryable) before the failure goes to Run's error path.
+const claimTries = 3
 
 // buryUnpublishable takes out of a claimed batch, and marks dead, the rows that no delivery can
 // publish: those that cannot be made into messages (headers or a creation time that a row written by

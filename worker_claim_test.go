@@ -2,6 +2,8 @@ package outboxplugin_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -191,5 +193,45 @@ func TestLeaseLostIsReported(t *testing.T) {
 				assert.Equal(t, int64(5), theirs, "and left the others to the relay that took them")
 			})
 		}
+	})
+}
+
+// A claim that MariaDB rolls back as a deadlock's victim is run again at once; other errors are not.
+// The deadlock here is a real one, between two transactions that lock two rows in opposite orders, so
+// that the check holds for the error the driver really returns.
+func TestClaimRetriesADeadlockVictim(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		w := newWorker(t, db, newRecorder())
+		assert.False(t, outboxplugin.ClaimRetryable(w, errors.New("Error 1064 (42000): You have an error in your SQL syntax")))
+		if d.name != "mysql" {
+			assert.False(t, outboxplugin.ClaimRetryable(w, errors.New("Error 1213 (40001): Deadlock found")), "only MySQL's claims deadlock")
+			return
+		}
+		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}}).Error)
+		evs := loadEvents(t, db)
+		plain := db.Session(&gorm.Session{NewDB: true})
+		lock := func(tx *gorm.DB, id int64) error {
+			var got []int64
+			return tx.Raw(`SELECT id FROM outbox_events WHERE id = ? FOR UPDATE`, id).Scan(&got).Error
+		}
+		tx1, tx2 := plain.Begin(), plain.Begin()
+		defer tx1.Rollback()
+		defer tx2.Rollback()
+		require.NoError(t, lock(tx1, evs[0].ID))
+		require.NoError(t, lock(tx2, evs[1].ID))
+		errs := make(chan error, 2)
+		// Whichever request comes first waits for the other transaction's row; the second closes the
+		// cycle.
+		go func() { errs <- lock(tx1, evs[1].ID) }()
+		go func() { errs <- lock(tx2, evs[0].ID) }()
+		var victim error
+		for range 2 {
+			if err := <-errs; err != nil {
+				victim = err // its rollback let the other through
+			}
+		}
+		require.Error(t, victim, "one of the two is the deadlock's victim")
+		assert.True(t, outboxplugin.ClaimRetryable(w, fmt.Errorf("outboxplugin: claim: %w", victim)), "%v", victim)
 	})
 }
