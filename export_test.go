@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"time"
+
+	"gorm.io/gorm"
 )
 
 // UseInsertStrategy makes p write events with the named strategy ("values" or "unnest"), so that
@@ -53,3 +55,16 @@ func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
 
 // ClaimRetryable reports whether w runs a claim that failed with err again at once.
 func ClaimRetryable(w *Worker, err error) bool { return w.sql.d.retryable(err) }
+
+// NotifiesSent is how many wake-up NOTIFYs the plugin sent after commits on db's pool (0 when it
+// watches no commits there).
+func NotifiesSent(db *gorm.DB) int64 {
+	if cw := commitWatchOf(db); cw != nil {
+		return cw.sent.Load()
+	}
+	return 0
+}
+
+// UseNotifyInTransaction makes p, before it is registered, announce events with pg_notify inside each
+// transaction instead of after commit, so that benchmarks can compare the two.
+func UseNotifyInTransaction(p *Plugin) { p.notifyInTx = true }

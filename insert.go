@@ -62,7 +62,9 @@ func (p *Plugin) strategy(db *gorm.DB) insertStrategy {
 func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent) error {
 	ctx := db.Statement.Context
 	strategy := p.strategy(db)
-	notify := p.cfg.notify && db.Dialector.Name() == "postgres"
+	// The wake-up is sent after commit when the plugin will see the commit (commitwatch.go), and
+	// otherwise inside the transaction.
+	notify := p.cfg.notify && db.Dialector.Name() == "postgres" && !markCommit(pool)
 	for len(events) > 0 {
 		n := min(len(events), maxRowsPerInsert)
 		var (
@@ -221,8 +223,8 @@ func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 	})
 }
 
-// pgValueCasts type the values of a VALUES list used as a FROM item (with notify), where PostgreSQL
-// cannot infer them from the target columns. json is assigned to a json or a jsonb column alike.
+// pgValueCasts type the values of a VALUES list on PostgreSQL, which cannot infer them from the target
+// columns when the list is a FROM item (with notify). json is assigned to a json or a jsonb column alike.
 var pgValueCasts = [...]string{"::text", "::text", "::text", "::text", "::json", "::json", "::timestamptz"}
 
 // valuesSQL is INSERT INTO t (...) VALUES (...), ... for n rows, in the bind-variable syntax of db's
@@ -232,6 +234,10 @@ var pgValueCasts = [...]string{"::text", "::text", "::text", "::text", "::json",
 func (p *Plugin) valuesSQL(db *gorm.DB, n int, notify bool) string {
 	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n, notify: notify}, func() string {
 		stmt := &gorm.Statement{DB: db}
+		// On PostgreSQL the values are typed even where the target columns would type them: a
+		// column of another type (a table migrated by hand) then fails naming the column ("column
+		// \"payload\" is of type integer but expression is of type json").
+		pg := db.Dialector.Name() == "postgres"
 		b := p.insertHead(stmt, notify)
 		if notify {
 			b.WriteString("SELECT v.* FROM (")
@@ -248,7 +254,7 @@ func (p *Plugin) valuesSQL(db *gorm.DB, n int, notify bool) string {
 				}
 				stmt.Vars = append(stmt.Vars, nil)
 				db.Dialector.BindVarTo(b, stmt, nil)
-				if notify {
+				if pg {
 					b.WriteString(pgValueCasts[c])
 				}
 			}

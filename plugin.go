@@ -38,6 +38,7 @@ type Plugin struct {
 
 	insertStrategy insertStrategy // zero: per dialect; set by tests and benchmarks to compare
 	lockedWrites   bool           // updates and deletes by condition as locked writes, as without RETURNING; set by tests
+	notifyInTx     bool           // no commit watch: pg_notify inside every transaction, as before; set by benchmarks
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of
@@ -63,6 +64,11 @@ func (p *Plugin) Name() string { return pluginName }
 func (p *Plugin) Initialize(db *gorm.DB) error {
 	if p.err != nil {
 		return p.err
+	}
+	if p.cfg.notify && !p.notifyInTx && db.Dialector.Name() == "postgres" {
+		if _, err := installCommitWatch(db, p.cfg.table); err != nil {
+			return fmt.Errorf("outboxplugin: watch commits for the wake-up: %w", err)
+		}
 	}
 	return p.registerCallbacks(db)
 }
