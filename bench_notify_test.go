@@ -15,67 +15,107 @@ import (
 )
 
 // BenchmarkConcurrentWriters measures 16 goroutines each committing 200 single Creates at once, on
-// PostgreSQL: plain GORM; the plugin as registered (the wake-up sent after commit, at most one NOTIFY
-// per few milliseconds: commitwatch.go); the plugin with pg_notify inside every transaction, as
-// before (plugin_intx_notify); and the plugin WithoutNotify. PostgreSQL serialises the commits of
-// transactions that notified, which is what concurrency makes costly. A connection LISTENs on the outbox's channel meanwhile, as a relay
-// does (no relay claims). Variants run in rotating order within each round; the medians of the
-// per-round ratios to plain are the figures to read.
+// PostgreSQL and MariaDB. On PostgreSQL: plain GORM; the plugin as registered (the wake-up sent after
+// commit, at most one NOTIFY per few milliseconds: commitwatch.go); the plugin with pg_notify inside
+// every transaction, as before (plugin_intx_notify); and the plugin WithoutNotify. PostgreSQL
+// serialises the commits of transactions that notified, which is what concurrency makes costly; a
+// connection LISTENs on the outbox's channel meanwhile, as a relay does (no relay claims). On MariaDB,
+// which has no notification: plain GORM and the plugin. Variants run in rotating order within each
+// round; the medians of the per-round ratios to plain are the figures to read.
 //
 //	go test -run '^$' -bench BenchmarkConcurrentWriters -benchtime 10x
 func BenchmarkConcurrentWriters(b *testing.B) {
-	const writers, perWriter = 16, 200
-	d := dialects[1]
 	cfg := func() *gorm.Config { return &gorm.Config{Logger: logger.Discard} }
-	plain := openDB(b, d, cfg())
-	resetTables(b, plain, &BenchUser{}, &outboxplugin.OutboxEvent{})
-	withPlugin := openDB(b, d, cfg())
-	inTx := openDB(b, d, cfg())
-	noNotify := openDB(b, d, cfg())
-	inTxPlugin := outboxplugin.New()
-	outboxplugin.UseNotifyInTransaction(inTxPlugin)
-	for _, u := range []struct {
-		db *gorm.DB
-		p  *outboxplugin.Plugin
-	}{{withPlugin, outboxplugin.New()}, {inTx, inTxPlugin}, {noNotify, outboxplugin.New(outboxplugin.WithoutNotify())}} {
-		if err := u.db.Use(u.p); err != nil {
-			b.Fatal(err)
+	b.Run("postgres", func(b *testing.B) {
+		d := dialects[1]
+		cfg := func() *gorm.Config { return &gorm.Config{Logger: logger.Discard} }
+		plain := openDB(b, d, cfg())
+		resetTables(b, plain, &BenchUser{}, &outboxplugin.OutboxEvent{})
+		withPlugin := openDB(b, d, cfg())
+		inTx := openDB(b, d, cfg())
+		noNotify := openDB(b, d, cfg())
+		inTxPlugin := outboxplugin.New()
+		outboxplugin.UseNotifyInTransaction(inTxPlugin)
+		for _, u := range []struct {
+			db *gorm.DB
+			p  *outboxplugin.Plugin
+		}{{withPlugin, outboxplugin.New()}, {inTx, inTxPlugin}, {noNotify, outboxplugin.New(outboxplugin.WithoutNotify())}} {
+			if err := u.db.Use(u.p); err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
-	for _, db := range []*gorm.DB{plain, withPlugin, inTx, noNotify} {
-		sqlDB, err := db.DB()
+		for _, db := range []*gorm.DB{plain, withPlugin, inTx, noNotify} {
+			sqlDB, err := db.DB()
+			if err != nil {
+				b.Fatal(err)
+			}
+			sqlDB.SetMaxOpenConns(concurrentWriters + 4)
+			sqlDB.SetMaxIdleConns(concurrentWriters + 4)
+		}
+		// A relay LISTENs, as in production: the notifications are then queued for it and signalled at
+		// commit, which is the work PostgreSQL serialises.
+		conn, err := pgx.Connect(context.Background(), replaceDSNField(postgresServerDSN(), "dbname", testDatabase))
 		if err != nil {
 			b.Fatal(err)
 		}
-		sqlDB.SetMaxOpenConns(writers + 4)
-		sqlDB.SetMaxIdleConns(writers + 4)
-	}
-	// A relay LISTENs, as in production: the notifications are then queued for it and signalled at
-	// commit, which is the work PostgreSQL serialises.
-	conn, err := pgx.Connect(context.Background(), replaceDSNField(postgresServerDSN(), "dbname", testDatabase))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := conn.Exec(context.Background(), `LISTEN "outbox_events"`); err != nil {
-		b.Fatal(err)
-	}
-	listenCtx, stopListening := context.WithCancel(context.Background())
-	listened := make(chan struct{})
-	go func() {
-		defer close(listened)
-		for listenCtx.Err() == nil {
-			_, _ = conn.WaitForNotification(listenCtx)
+		if _, err := conn.Exec(context.Background(), `LISTEN "outbox_events"`); err != nil {
+			b.Fatal(err)
 		}
-	}()
-	defer func() {
-		stopListening()
-		<-listened
-		conn.Close(context.Background())
-	}()
-	variants := []struct {
-		name string
-		db   *gorm.DB
-	}{{"plain", plain}, {"plugin", withPlugin}, {"plugin_intx_notify", inTx}, {"plugin_nonotify", noNotify}}
+		listenCtx, stopListening := context.WithCancel(context.Background())
+		listened := make(chan struct{})
+		go func() {
+			defer close(listened)
+			for listenCtx.Err() == nil {
+				_, _ = conn.WaitForNotification(listenCtx)
+			}
+		}()
+		defer func() {
+			stopListening()
+			<-listened
+			conn.Close(context.Background())
+		}()
+		measureWriters(b, []writerVariant{{"plain", plain}, {"plugin", withPlugin}, {"plugin_intx_notify", inTx}, {"plugin_nonotify", noNotify}})
+	})
+	b.Run("mysql", func(b *testing.B) {
+		var d dialect
+		for _, c := range relayDialects() {
+			if c.name == "mysql" {
+				d = c
+			}
+		}
+		if d.name == "" {
+			b.Skip("no MariaDB")
+		}
+		plain := openDB(b, d, cfg())
+		resetTables(b, plain, &BenchUser{}, &outboxplugin.OutboxEvent{})
+		withPlugin := openDB(b, d, cfg())
+		if err := withPlugin.Use(outboxplugin.New()); err != nil {
+			b.Fatal(err)
+		}
+		for _, db := range []*gorm.DB{plain, withPlugin} {
+			sqlDB, err := db.DB()
+			if err != nil {
+				b.Fatal(err)
+			}
+			sqlDB.SetMaxOpenConns(concurrentWriters + 4)
+			sqlDB.SetMaxIdleConns(concurrentWriters + 4)
+		}
+		measureWriters(b, []writerVariant{{"plain", plain}, {"plugin", withPlugin}})
+	})
+}
+
+const concurrentWriters, perWriter = 16, 200
+
+type writerVariant struct {
+	name string
+	db   *gorm.DB
+}
+
+// measureWriters runs b.N rounds of every variant, in rotating order, each round concurrentWriters
+// goroutines committing perWriter single Creates, and reports each variant's median ratio to the
+// first.
+func measureWriters(b *testing.B, variants []writerVariant) {
+	const writers = concurrentWriters
 	spent := make([][]time.Duration, len(variants))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
