@@ -22,15 +22,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkInsertDuringClaims -benchtime 2000x
 func BenchmarkInsertDuringClaims(b *testing.B) {
-	var d dialect
-	for _, c := range relayDialects() {
-		if c.name == "mysql" {
-			d = c
-		}
-	}
-	if d.name == "" {
-		b.Skip("no MariaDB")
-	}
+	d := mariaDB(b)
 	db := openDB(b, d, &gorm.Config{Logger: logger.Discard})
 	resetTables(b, db, &outboxplugin.OutboxEvent{}, &BenchUser{})
 	if err := db.Use(outboxplugin.New()); err != nil {

@@ -77,15 +77,7 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 		measureWriters(b, []writerVariant{{"plain", plain}, {"plugin", withPlugin}, {"plugin_intx_notify", inTx}, {"plugin_nonotify", noNotify}})
 	})
 	b.Run("mysql", func(b *testing.B) {
-		var d dialect
-		for _, c := range relayDialects() {
-			if c.name == "mysql" {
-				d = c
-			}
-		}
-		if d.name == "" {
-			b.Skip("no MariaDB")
-		}
+		d := mariaDB(b)
 		plain := openDB(b, d, cfg())
 		resetTables(b, plain, &BenchUser{}, &outboxplugin.OutboxEvent{})
 		withPlugin := openDB(b, d, cfg())

@@ -308,6 +308,17 @@ func relayDialects() []dialect {
 	return out
 }
 
+// mariaDB returns the MariaDB relay dialect, or skips b when there is none.
+func mariaDB(b *testing.B) dialect {
+	for _, c := range relayDialects() {
+		if c.name == "mysql" {
+			return c
+		}
+	}
+	b.Skip("no MariaDB")
+	return dialect{}
+}
+
 // forEachRelayDB runs fn as a subtest on each server once.
 func forEachRelayDB(t *testing.T, fn func(t *testing.T, d dialect)) {
 	t.Helper()
