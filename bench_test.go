@@ -113,7 +113,8 @@ func createWithHandWrittenOutbox(tx *gorm.DB, users []BenchUser) error {
 
 // BenchmarkWritePath measures the cost the plugin adds to a write, on each database: plain GORM, GORM
 // with the plugin, and GORM with outbox rows written by hand, for one Create in a transaction, a
-// 100-row Create, and an update by condition of 100 rows (update100). The variants run interleaved, in rotating order, in the same loop, so that drift
+// 100-row Create, an update by condition of 100 rows (update100), and a service's transaction of ten
+// statements (service: serviceTransaction). The variants run interleaved, in rotating order, in the same loop, so that drift
 // on a shared machine hits them alike; the reported ratios (plugin/plain, handwritten/plain) are
 // the figures to read.
 //
@@ -159,8 +160,52 @@ func BenchmarkWritePath(b *testing.B) {
 				}
 			}
 			b.Run(fmt.Sprintf("update%d", benchUpdateRows), func(b *testing.B) { runInterleaved(b, updaters, 0, true) })
+
+			// A service's transaction of ten statements: the plugin as registered (its events held
+			// and written in one INSERT at commit) against an INSERT after each statement.
+			service := func(tx *gorm.DB, _ []BenchUser) error { return serviceTransaction(tx, "svc") }
+			perStatement := pluginDB(b, d, plain, outboxplugin.UsePerStatementInserts)
+			services := []writeVariant{
+				{"plain", plain, service, nil},
+				{"plugin", withPlugin, service, nil},
+				{"plugin_per_statement", perStatement, service, nil},
+			}
+			if d.name == "postgres" {
+				services = append(services,
+					writeVariant{"plugin_nonotify", pluginDB(b, d, plain, nil, outboxplugin.WithoutNotify()), service, nil},
+					writeVariant{"plugin_intx_notify", pluginDB(b, d, plain, outboxplugin.UseNotifyInTransaction), service, nil})
+			}
+			b.Run("service", func(b *testing.B) { runInterleaved(b, services, 0, false) })
 		})
 	}
+}
+
+// pluginDB opens another *gorm.DB on plain's pool with the plugin registered, configured by configure
+// (an export_test.go hook) when not nil.
+func pluginDB(b *testing.B, d dialect, plain *gorm.DB, configure func(*outboxplugin.Plugin), opts ...outboxplugin.Option) *gorm.DB {
+	b.Helper()
+	sqlDB, err := plain.DB()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := &gorm.Config{Logger: logger.Discard}
+	var db *gorm.DB
+	if d.name == "sqlite" {
+		db, err = gorm.Open(&sqlite.Dialector{Conn: sqlDB}, cfg)
+	} else {
+		db, err = d.open(sqlDB, cfg)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := outboxplugin.New(opts...)
+	if configure != nil {
+		configure(p)
+	}
+	if err := db.Use(p); err != nil {
+		b.Fatal(err)
+	}
+	return db
 }
 
 func runInterleaved(b *testing.B, variants []writeVariant, rows int, update bool) {

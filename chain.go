@@ -18,7 +18,7 @@ import (
 //	keys.go      keys and values of a row: reading them, comparing them, formatting aggregate ids
 //	events.go    the outbox event of each captured row: type, payload, aggregate, headers, customizers
 //	encode.go    JSON text of payloads and headers
-//	insert.go    the events of a statement written in one multi-row INSERT
+//	insert.go    the events of a transaction (txwatch.go holds them) written in one multi-row INSERT
 //
 // How the capture rides on GORM's callback chains (callbacks/callbacks.go in gorm):
 //
@@ -32,9 +32,10 @@ import (
 //
 // outbox:before_* decides how the statement's rows will be known and, when GORM's own result does not
 // say it, stands in for the statement's connection (write.go) while gorm:create/update/delete runs.
-// outbox:after_* classifies what was written and inserts the events right after the write, on
-// db.Statement.ConnPool, which is then the transaction GORM opened (or the caller's): a failing hook or
-// association later in the chain rolls both back. outbox:begin and outbox:commit open and close a
+// outbox:after_* classifies what was written and hands its events to db.Statement.ConnPool, which is
+// then the transaction GORM opened (or the caller's): that transaction holds them and writes all of its
+// events just before it commits (txwatch.go), or, when the plugin does not watch it, they are inserted
+// right after the write. A failing hook or association later in the chain rolls both back. outbox:begin and outbox:commit open and close a
 // transaction of the plugin's own only when there is none, which happens under SkipDefaultTransaction.
 // Associations saved through a parent run chains of their own, nested inside the parent's, and so get
 // their own events.
@@ -47,6 +48,12 @@ const callbackPrefix = "outbox:"
 func (p *Plugin) registerCallbacks(db *gorm.DB) error {
 	create, update, del := db.Callback().Create(), db.Callback().Update(), db.Callback().Delete()
 	for _, err := range []error{
+		// Events held by the transaction are written before anything that could see the outbox
+		// table without them or end the transaction without them (txwatch.go).
+		db.Callback().Raw().Before("gorm:raw").Register(callbackPrefix+"flush", p.flushBeforeExec),
+		db.Callback().Query().Before("gorm:query").Register(callbackPrefix+"flush", p.flushBeforeRead),
+		db.Callback().Row().Before("gorm:row").Register(callbackPrefix+"flush", p.flushBeforeRead),
+
 		create.Before("gorm:before_create").Register(callbackPrefix+"begin", p.begin(ChangesetCreate)),
 		create.Before("gorm:create").Register(callbackPrefix+"before_create", p.beforeCreate),
 		create.Before("gorm:save_after_associations").Register(callbackPrefix+"after_create", p.afterCreate),
@@ -132,6 +139,9 @@ func (p *Plugin) begin(op ChangesetType) func(*gorm.DB) {
 	return func(db *gorm.DB) {
 		if db.Error != nil {
 			return
+		}
+		if db.Statement.Table == p.cfg.table {
+			p.flushHeld(db, "writing to "+p.cfg.table) // not captured, but it may change the events held
 		}
 		sch, err := p.capturing(db)
 		if err != nil {

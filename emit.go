@@ -73,7 +73,7 @@ func Emit(tx *gorm.DB, eventType string, payload any, opts ...EmitOption) error 
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
 	ev.messageID = newMessageID()
-	if err := p.insertEvents(tx, tx.Statement.ConnPool, []pendingEvent{ev}); err != nil {
+	if err := p.insertEvents(tx, tx.Statement.ConnPool, []pendingEvent{ev}, fmt.Sprintf("Emit %q", eventType)); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
 	return nil

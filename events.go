@@ -40,19 +40,20 @@ func (p *Plugin) wantsChangeset(s *schema.Schema) bool {
 	return p.cfg.eventType != nil || p.customizes(s.ModelType)
 }
 
-// writeEvents turns the captured rows of one statement into events and inserts them, on the
-// statement's connection, in one multi-row INSERT. Any failure is added to db, which fails the GORM
-// call and rolls its transaction back.
+// writeEvents turns the captured rows of one statement into events and hands them to the statement's
+// transaction, which writes them with the rest of its events (insertEvents). Any failure is added to
+// db, which fails the GORM call and rolls its transaction back.
 func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows []capturedRow) {
 	if len(rows) == 0 {
 		return
 	}
+	origin := string(st.op) + " " + st.schema.Name
 	events, err := p.buildEvents(db, st, rows)
 	if err == nil && len(events) > 0 {
-		err = p.insertEvents(db, db.Statement.ConnPool, events)
+		err = p.insertEvents(db, db.Statement.ConnPool, events, origin)
 	}
 	if err != nil {
-		db.AddError(fmt.Errorf("outboxplugin: %s %s: %w", st.op, st.schema.Name, err))
+		db.AddError(fmt.Errorf("outboxplugin: %s: %w", origin, err))
 	}
 }
 

@@ -59,7 +59,7 @@ func ClaimRetryable(w *Worker, err error) bool { return w.sql.d.retryable(err) }
 // NotifiesSent is how many wake-up NOTIFYs the plugin sent after commits on db's pool (0 when it
 // watches no commits there).
 func NotifiesSent(db *gorm.DB) int64 {
-	if cw := commitWatchOf(db); cw != nil {
+	if cw := txWatchOf(db); cw != nil {
 		return cw.sent.Load()
 	}
 	return 0
@@ -68,3 +68,8 @@ func NotifiesSent(db *gorm.DB) int64 {
 // UseNotifyInTransaction makes p, before it is registered, announce events with pg_notify inside each
 // transaction instead of after commit, so that benchmarks can compare the two.
 func UseNotifyInTransaction(p *Plugin) { p.notifyInTx = true }
+
+// UsePerStatementInserts makes p, before it is registered, write the events of each statement right
+// after it instead of holding a transaction's events until commit, so that benchmarks can compare the
+// two.
+func UsePerStatementInserts(p *Plugin) { p.perStatementInserts = true }

@@ -23,7 +23,7 @@ type insertShape struct {
 	notify  bool
 }
 
-// insertStrategy is how the events of one statement reach the table.
+// insertStrategy is how the events of one transaction (or statement) reach the table.
 type insertStrategy int
 
 const (
@@ -32,7 +32,7 @@ const (
 	insertValues insertStrategy = iota + 1
 	// insertUnnest (PostgreSQL): INSERT INTO t (...) SELECT ... FROM unnest($1::text[], ...), one
 	// array per column. Seven bind variables whatever the row count, so one prepared statement
-	// serves every batch, and the server decodes six arrays instead of hundreds of parameters. A
+	// serves every batch, and the server decodes seven arrays instead of hundreds of parameters. A
 	// single event still goes through VALUES, which is cheaper for one row.
 	insertUnnest
 )
@@ -58,13 +58,32 @@ func (p *Plugin) strategy(db *gorm.DB) insertStrategy {
 	return insertValues
 }
 
-// insertEvents writes events with multi-row INSERTs on pool (the transaction of the write).
-func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent) error {
+// insertEvents has the events of statement db (origin: "create User") written in its transaction,
+// pool: held by the transaction until it writes them all together (txwatch.go) when the plugin
+// watches it, written now otherwise.
+func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, origin string) error {
+	t := watchedTxOf(pool)
+	if t != nil && !p.perStatementInserts {
+		t.hold(p, db, events, origin)
+		return nil
+	}
+	if t != nil {
+		t.dirty.Store(true)
+	}
+	return p.insertNow(db, pool, events, p.notifyInTransaction(db, t))
+}
+
+// notifyInTransaction reports whether events written in t (nil: a transaction the plugin does not
+// watch) carry their own wake-up, pg_notify inside the transaction, because none follows its commit.
+func (p *Plugin) notifyInTransaction(db *gorm.DB, t *watchedTx) bool {
+	return p.cfg.notify && db.Dialector.Name() == "postgres" && (t == nil || !t.cw.notify)
+}
+
+// insertNow writes events with multi-row INSERTs on pool (the transaction of the write), with notify
+// preceded by pg_notify.
+func (p *Plugin) insertNow(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, notify bool) error {
 	ctx := db.Statement.Context
 	strategy := p.strategy(db)
-	// The wake-up is sent after commit when the plugin will see the commit (commitwatch.go), and
-	// otherwise inside the transaction.
-	notify := p.cfg.notify && db.Dialector.Name() == "postgres" && !markCommit(pool)
 	for len(events) > 0 {
 		n := min(len(events), maxRowsPerInsert)
 		var (
@@ -103,9 +122,10 @@ func valuesArgs(events []pendingEvent) []any {
 }
 
 // unnestArgs passes each column as a PostgreSQL array literal ({"a","b"}) in a text parameter, which
-// every PostgreSQL driver accepts, and the creation time, shared by the events of one statement, once.
+// every PostgreSQL driver accepts. Creation times go as text with microseconds, truncated as pgx
+// truncates a time.Time: the events of one transaction's statements each keep their own.
 func unnestArgs(events []pendingEvent) []any {
-	var cols [6][]byte
+	var cols [7][]byte
 	for c := range cols {
 		cols[c] = append(make([]byte, 0, 2+len(events)*40), '{')
 	}
@@ -119,18 +139,20 @@ func unnestArgs(events []pendingEvent) []any {
 		cols[4] = appendArrayElem(cols[4], e.payload, sep)
 		if sep {
 			cols[5] = append(cols[5], ',')
+			cols[6] = append(cols[6], ',')
 		}
 		if e.headers == nil {
 			cols[5] = append(cols[5], "NULL"...)
 		} else {
 			cols[5] = appendArrayElem(cols[5], *e.headers, false)
 		}
+		cols[6] = e.createdAt.UTC().AppendFormat(cols[6], "2006-01-02 15:04:05.999999Z07:00")
 	}
-	args := make([]any, 0, 7)
+	args := make([]any, 0, len(cols))
 	for c := range cols {
 		args = append(args, string(append(cols[c], '}')))
 	}
-	return append(args, events[0].createdAt)
+	return args
 }
 
 // appendArrayElem writes s as a double-quoted element of an array literal: backslash escapes
@@ -192,32 +214,31 @@ func (p *Plugin) insertHead(stmt *gorm.Statement, notify bool) *strings.Builder 
 	return b
 }
 
-// unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::json, h::json, $7 FROM unnest($1::text[],
-// ..., $6::text[]) [, n].
+// unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::json, h::json, c FROM unnest($1::text[],
+// ..., $6::text[], $7::timestamptz[]) [, n].
 func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: -1, notify: notify}, func() string {
 		stmt := &gorm.Statement{DB: db}
-		bind := func(b *strings.Builder) {
-			stmt.Vars = append(stmt.Vars, nil)
-			db.Dialector.BindVarTo(b, stmt, nil)
-		}
 		var from strings.Builder
 		from.WriteString(" FROM unnest(")
-		for c := 0; c < 6; c++ {
+		for c := 0; c < 7; c++ {
 			if c > 0 {
 				from.WriteByte(',')
 			}
-			bind(&from)
-			from.WriteString("::text[]")
+			stmt.Vars = append(stmt.Vars, nil)
+			db.Dialector.BindVarTo(&from, stmt, nil)
+			if c < 6 {
+				from.WriteString("::text[]")
+			} else {
+				from.WriteString("::timestamptz[]")
+			}
 		}
-		from.WriteString(") AS u(m,t,a,i,p,h)")
+		from.WriteString(") AS u(m,t,a,i,p,h,c)")
 		if notify {
 			from.WriteString(", n")
 		}
 		b := p.insertHead(stmt, notify)
-		b.WriteString("SELECT m,t,a,i,p::json,h::json,")
-		bind(b)
-		b.WriteString("::timestamptz")
+		b.WriteString("SELECT m,t,a,i,p::json,h::json,c")
 		b.WriteString(from.String())
 		return b.String()
 	})

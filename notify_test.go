@@ -109,21 +109,23 @@ func TestWakeUpAfterCommitForEveryKindOfTransaction(t *testing.T) {
 	})
 }
 
-// A worker on the same *gorm.DB is woken by the commits of its process directly: with a poll of a
-// minute and no LISTEN, a committed event is still published at once.
+// A worker on the same *gorm.DB is woken by the commits of its process directly, on every database
+// and with the notification off: with a poll of a minute and no LISTEN, a committed event is still
+// published at once.
 func TestWorkerWokenByCommitsOfItsProcess(t *testing.T) {
-	d := dialects[1]
-	db := setup(t, d, nil)
-	received, pub := timingPublisher()
-	stop := runWorkers(t, 1, func() *outboxplugin.Worker {
-		return newWorker(t, db, pub, outboxplugin.WithPollInterval(time.Minute), outboxplugin.WithoutListen())
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil, outboxplugin.WithoutNotify())
+		received, pub := timingPublisher()
+		stop := runWorkers(t, 1, func() *outboxplugin.Worker {
+			return newWorker(t, db, pub, outboxplugin.WithPollInterval(time.Minute), outboxplugin.WithoutListen())
+		})
+		defer stop()
+		time.Sleep(300 * time.Millisecond) // the worker's first poll has found nothing; it now waits a minute
+		require.NoError(t, db.Transaction(func(tx *gorm.DB) error { return tx.Create(&User{Name: "wake"}).Error }))
+		select {
+		case <-received:
+		case <-time.After(20 * time.Second):
+			t.Fatal("not woken by the commit: the event waited for the poll")
+		}
 	})
-	defer stop()
-	time.Sleep(300 * time.Millisecond) // the worker's first poll has found nothing; it now waits a minute
-	require.NoError(t, db.Create(&User{Name: "wake"}).Error)
-	select {
-	case <-received:
-	case <-time.After(20 * time.Second):
-		t.Fatal("not woken by the commit: the event waited for the poll")
-	}
 }

@@ -36,9 +36,10 @@ type Plugin struct {
 	tables     modelTables // the models of tables written through db.Table(...) without one
 	tableInfos tableInfos  // unique keys and rowid of tables, for upserts (lookup.go)
 
-	insertStrategy insertStrategy // zero: per dialect; set by tests and benchmarks to compare
-	lockedWrites   bool           // updates and deletes by condition as locked writes, as without RETURNING; set by tests
-	notifyInTx     bool           // no commit watch: pg_notify inside every transaction, as before; set by benchmarks
+	insertStrategy      insertStrategy // zero: per dialect; set by tests and benchmarks to compare
+	lockedWrites        bool           // updates and deletes by condition as locked writes, as without RETURNING; set by tests
+	notifyInTx          bool           // no NOTIFY after commit: pg_notify inside every transaction, as before; set by benchmarks
+	perStatementInserts bool           // events written after each statement, not held until commit; set by benchmarks
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of
@@ -65,10 +66,9 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 	if p.err != nil {
 		return p.err
 	}
-	if p.cfg.notify && !p.notifyInTx && db.Dialector.Name() == "postgres" {
-		if _, err := installCommitWatch(db, p.cfg.table); err != nil {
-			return fmt.Errorf("outboxplugin: watch commits for the wake-up: %w", err)
-		}
+	notify := p.cfg.notify && !p.notifyInTx && db.Dialector.Name() == "postgres"
+	if _, err := installTxWatch(db, p.cfg.table, notify); err != nil {
+		return fmt.Errorf("outboxplugin: watch the pool's transactions: %w", err)
 	}
 	return p.registerCallbacks(db)
 }
@@ -189,10 +189,12 @@ func WithContextHeaders(fn func(context.Context) map[string]string) Option {
 	}
 }
 
-// WithoutNotify stops the PostgreSQL notification the plugin otherwise sends with the events of each
-// transaction (pg_notify on a channel named after the outbox table, delivered at commit) to wake
-// relays at once. Turn it off behind PgBouncer in transaction mode, which does not carry
-// notifications; relays then find events by polling. Other databases have no notifications.
+// WithoutNotify stops the PostgreSQL notification the plugin otherwise sends after transactions that
+// wrote events commit (pg_notify on a channel named after the outbox table, at most one per 5 ms) to
+// wake relays of other processes at once. Turn it off behind PgBouncer in transaction mode, which does
+// not carry notifications; relays of other processes then find events by polling. Workers of the
+// writer's own process are still woken after each commit, with no notification. Other databases have
+// no notifications.
 func WithoutNotify() Option {
 	return func(c *config) error {
 		c.notify = false

@@ -136,7 +136,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.prepareTable(ctx); errors.Is(err, errMissingIndex) {
 		return err // other errors: the database is away, and Run retries
 	}
-	if cw := commitWatchOf(w.db); cw != nil && cw.channel == w.cfg.table {
+	if cw := txWatchOf(w.db); cw != nil && cw.channel == w.cfg.table {
 		// Commits of this process wake the worker directly, with no notification.
 		cw.workers.Store(w, struct{}{})
 		defer cw.workers.Delete(w)

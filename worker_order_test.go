@@ -237,13 +237,15 @@ func TestWakeUpOnPostgres(t *testing.T) {
 	assert.Less(t, median, 50*time.Millisecond)
 }
 
-// Without the notification (WithoutNotify), the worker finds events by polling.
+// Without the notification (WithoutNotify), a worker of another process (here: another pool) finds
+// events by polling.
 func TestWithoutNotifyPolls(t *testing.T) {
 	d := dialects[1]
 	db := setup(t, d, nil, outboxplugin.WithoutNotify())
+	other := openDB(t, d, nil) // no plugin, its own pool: commits of db do not wake its workers
 	received, pub := timingPublisher()
 	stop := runWorkers(t, 1, func() *outboxplugin.Worker {
-		return newWorker(t, db, pub, outboxplugin.WithPollInterval(700*time.Millisecond))
+		return newWorker(t, other, pub, outboxplugin.WithPollInterval(700*time.Millisecond))
 	})
 	defer stop()
 	time.Sleep(300 * time.Millisecond)
