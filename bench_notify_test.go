@@ -16,8 +16,9 @@ import (
 
 // BenchmarkConcurrentWriters measures 16 goroutines each committing 200 single Creates at once, on
 // PostgreSQL and MariaDB. On PostgreSQL: plain GORM; the plugin as registered (the wake-up sent after
-// commit, at most one NOTIFY per few milliseconds: commitwatch.go); the plugin with pg_notify inside
-// every transaction, as before (plugin_intx_notify); and the plugin WithoutNotify. PostgreSQL
+// commit, at most one NOTIFY per few milliseconds: txwatch.go); the plugin with pg_notify inside
+// every transaction, as before (plugin_intx_notify); the plugin WithoutNotify; and the floor of any
+// outbox written by a statement of its own (raw_floor: a hand-built INSERT beside the create). PostgreSQL
 // serialises the commits of transactions that notified, which is what concurrency makes costly; a
 // connection LISTENs on the outbox's channel meanwhile, as a relay does (no relay claims). On MariaDB,
 // which has no notification: plain GORM and the plugin. Variants run in rotating order within each
@@ -74,7 +75,8 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 			<-listened
 			conn.Close(context.Background())
 		}()
-		measureWriters(b, []writerVariant{{"plain", plain}, {"plugin", withPlugin}, {"plugin_intx_notify", inTx}, {"plugin_nonotify", noNotify}})
+		measureWriters(b, []writerVariant{{"plain", plain, nil}, {"plugin", withPlugin, nil}, {"plugin_intx_notify", inTx, nil},
+			{"plugin_nonotify", noNotify, nil}, {"raw_floor", plain, rawFloorWriter}})
 	})
 	b.Run("mysql", func(b *testing.B) {
 		d := mariaDB(b)
@@ -92,15 +94,22 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 			sqlDB.SetMaxOpenConns(concurrentWriters + 4)
 			sqlDB.SetMaxIdleConns(concurrentWriters + 4)
 		}
-		measureWriters(b, []writerVariant{{"plain", plain}, {"plugin", withPlugin}})
+		measureWriters(b, []writerVariant{{"plain", plain, nil}, {"plugin", withPlugin, nil}, {"raw_floor", plain, rawFloorWriter}})
 	})
 }
 
 const concurrentWriters, perWriter = 16, 200
 
 type writerVariant struct {
-	name string
-	db   *gorm.DB
+	name  string
+	db    *gorm.DB
+	write func(db *gorm.DB, u *BenchUser) error // nil: db.Create(u) in GORM's own transaction
+}
+
+// rawFloorWriter commits the create with a hand-built outbox INSERT beside it: the floor of any outbox
+// written by a statement of its own (createWithRawOutboxInsert).
+var rawFloorWriter = func(db *gorm.DB, u *BenchUser) error {
+	return db.Transaction(func(tx *gorm.DB) error { return createWithRawOutboxInsert(tx, []BenchUser{*u}) })
 }
 
 // measureWriters runs b.N rounds of every variant, in rotating order, each round concurrentWriters
@@ -121,7 +130,14 @@ func measureWriters(b *testing.B, variants []writerVariant) {
 				go func() {
 					defer wg.Done()
 					for n := 0; n < perWriter; n++ {
-						if err := variants[k].db.WithContext(context.Background()).Create(&BenchUser{Name: fmt.Sprint("w", g)}).Error; err != nil {
+						u := &BenchUser{Name: fmt.Sprint("w", g)}
+						var err error
+						if v := variants[k]; v.write != nil {
+							err = v.write(v.db, u)
+						} else {
+							err = v.db.Create(u).Error
+						}
+						if err != nil {
 							errs <- err
 							return
 						}

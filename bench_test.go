@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,6 +112,40 @@ func createWithHandWrittenOutbox(tx *gorm.DB, users []BenchUser) error {
 	return tx.Create(&rows).Error
 }
 
+// createWithRawOutboxInsert is the floor of any outbox written by a statement of its own: the create,
+// then one hand-built multi-row INSERT of the outbox rows on the transaction's connection, with no
+// GORM and no capture around it.
+func createWithRawOutboxInsert(tx *gorm.DB, users []BenchUser) error {
+	if err := createOnly(tx, users); err != nil {
+		return err
+	}
+	pg := tx.Dialector.Name() == "postgres"
+	var q strings.Builder
+	q.WriteString("INSERT INTO outbox_events (message_id, event_type, aggregate_type, aggregate_id, payload, created_at) VALUES ")
+	args := make([]any, 0, 6*len(users))
+	for i, u := range users {
+		if i > 0 {
+			q.WriteByte(',')
+		}
+		q.WriteByte('(')
+		for c := range 6 {
+			if c > 0 {
+				q.WriteByte(',')
+			}
+			if pg {
+				fmt.Fprintf(&q, "$%d", len(args)+c+1)
+			} else {
+				q.WriteByte('?')
+			}
+		}
+		q.WriteByte(')')
+		id := strconv.FormatUint(uint64(u.ID), 10)
+		args = append(args, fmt.Sprintf("bench-%d-%s", time.Now().UnixNano(), id), "BenchUser_create", "BenchUser", id, `{"id":`+id+`}`, time.Now().UTC())
+	}
+	_, err := tx.Statement.ConnPool.ExecContext(tx.Statement.Context, q.String(), args...)
+	return err
+}
+
 // BenchmarkWritePath measures the cost the plugin adds to a write, on each database: plain GORM, GORM
 // with the plugin, and GORM with outbox rows written by hand, for one Create in a transaction, a
 // 100-row Create, an update by condition of 100 rows (update100), and a service's transaction of ten
@@ -133,6 +168,7 @@ func BenchmarkWritePath(b *testing.B) {
 				{"plain", plain, createOnly, updateByCondition},
 				{"plugin", withPlugin, createOnly, updateByCondition},
 				{"handwritten", plain, createWithHandWrittenOutbox, updateWithHandWrittenOutbox},
+				{"raw_floor", plain, createWithRawOutboxInsert, nil},
 			}
 			if d.name == "postgres" {
 				// The default on PostgreSQL is unnest; compare with the plain multi-row VALUES, and
