@@ -73,6 +73,8 @@ func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now, lea
 }
 
 // bind rewrites ? placeholders as PostgreSQL's $n.
+func (*pgRelay) literal(query string, args []any) (string, []any) { return query, args }
+
 func (*pgRelay) bind(query string) string {
 	var b strings.Builder
 	n := 0

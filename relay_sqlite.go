@@ -36,6 +36,8 @@ func (d *sqliteRelay) claim(ctx context.Context, q *relaySQL, owner string, now,
 	return claimed, marked, err
 }
 
+func (*sqliteRelay) literal(query string, args []any) (string, []any) { return query, args }
+
 func (*sqliteRelay) bind(query string) string { return query }
 
 func (*sqliteRelay) idList(ids []int64) (string, []any) { return inList(ids) }

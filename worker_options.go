@@ -31,7 +31,7 @@ type WorkerOption func(*workerConfig) error
 
 // Defaults of the worker's options.
 const (
-	DefaultBatchSize      = 100
+	DefaultBatchSize      = 500
 	DefaultPollInterval   = time.Second
 	DefaultPublishTimeout = 30 * time.Second
 	DefaultLease          = 5 * time.Second
@@ -40,7 +40,10 @@ const (
 	DefaultBacklogEvery   = 15 * time.Second
 )
 
-// WithBatchSize sets how many events one batch claims and publishes (default 100, at most 10000).
+// WithBatchSize sets how many events one batch claims and publishes (default 500, at most 10000). A
+// batch costs a claim transaction (one commit) whatever its size, so larger batches move more events
+// per second; DefaultBatchSize is where the gain levels off on the three databases
+// (docs/benchmarks.md, "Relay throughput on MariaDB").
 func WithBatchSize(n int) WorkerOption {
 	return func(c *workerConfig) error {
 		if n < 1 || n > 10000 {
