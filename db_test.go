@@ -99,6 +99,9 @@ func postgresPool() (*sql.DB, error) {
 	return pgPool, pgErr
 }
 
+// myDSN is the DSN of mysqlPool, for tests that open the test database another way.
+var myDSN string
+
 func mysqlPool() (*sql.DB, error) {
 	myOnce.Do(func() {
 		admin, err := sql.Open("mysql", mysqlServerDSN())
@@ -130,6 +133,7 @@ func mysqlPool() (*sql.DB, error) {
 		} else {
 			dsn += "?parseTime=true"
 		}
+		myDSN = dsn
 		myPool, myErr = sql.Open("mysql", dsn)
 		if myErr == nil {
 			myPool.SetMaxOpenConns(16)

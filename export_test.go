@@ -73,3 +73,7 @@ func UseNotifyInTransaction(p *Plugin) { p.notifyInTx = true }
 // after it instead of holding a transaction's events until commit, so that benchmarks can compare the
 // two.
 func UsePerStatementInserts(p *Plugin) { p.perStatementInserts = true }
+
+// RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
+// writes into the text as literals.
+func RelayLiteral(w *Worker, query string, args ...any) (string, []any) { return w.sql.d.literal(query, args) }
