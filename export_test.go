@@ -76,4 +76,6 @@ func UsePerStatementInserts(p *Plugin) { p.perStatementInserts = true }
 
 // RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
 // writes into the text as literals.
-func RelayLiteral(w *Worker, query string, args ...any) (string, []any) { return w.sql.d.literal(query, args) }
+func RelayLiteral(w *Worker, query string, args ...any) (string, []any) {
+	return w.sql.d.literal(query, args)
+}
