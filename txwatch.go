@@ -369,12 +369,7 @@ func (t *watchedTx) ExecContext(ctx context.Context, query string, args ...any) 
 // txKeyword returns the first word of query when it is one that ends a transaction or marks a
 // savepoint (SAVEPOINT, RELEASE, ROLLBACK, COMMIT, END), in upper case, and "" otherwise.
 func txKeyword(query string) string {
-	q := strings.TrimLeft(query, " \t\r\n(")
-	n := 0
-	for n < len(q) && (q[n] >= 'a' && q[n] <= 'z' || q[n] >= 'A' && q[n] <= 'Z') {
-		n++
-	}
-	switch w := strings.ToUpper(q[:n]); w {
+	switch w := strings.ToUpper(firstWord(query)); w {
 	case "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT", "END":
 		return w
 	}
@@ -396,33 +391,55 @@ func (t *watchedTx) SQLTx() (*sql.Tx, bool) {
 // flushBeforeExec writes the events held before a statement run with Exec, which may be anything: a
 // savepoint, a commit by hand, SQL that reads or changes the outbox table.
 func (p *Plugin) flushBeforeExec(db *gorm.DB) {
-	p.flushHeld(db, firstWord(db.Statement.SQL.String()))
+	if t := holdingTx(db); t != nil {
+		flushFor(db, t, strings.ToUpper(firstWord(db.Statement.SQL.String())))
+	}
 }
 
 // flushBeforeRead writes the events held before a query of the outbox table, so that the
 // transaction reads its own events.
 func (p *Plugin) flushBeforeRead(db *gorm.DB) {
+	t := holdingTx(db)
+	if t == nil {
+		return // the common case: decided without looking at the query
+	}
 	if s := db.Statement; s.Table == p.cfg.table || strings.Contains(s.SQL.String(), p.cfg.table) {
-		p.flushHeld(db, "reading the outbox table")
+		flushFor(db, t, "reading the outbox table")
 	}
 }
 
 // flushHeld writes the events db's transaction holds, if any, before what.
 func (p *Plugin) flushHeld(db *gorm.DB, what string) {
-	if db.Error != nil {
-		return
-	}
-	if t := watchedTxOf(db.Statement.ConnPool); t != nil && t.holding() {
-		if err := t.flush(); err != nil {
-			db.AddError(fmt.Errorf("%w (written before %s)", err, what))
-		}
+	if t := holdingTx(db); t != nil {
+		flushFor(db, t, what)
 	}
 }
 
-func firstWord(sql string) string {
-	f := strings.Fields(sql)
-	if len(f) == 0 {
-		return ""
+// holdingTx returns the watched transaction of db's statement when it holds events and the statement
+// has not failed, and nil otherwise.
+func holdingTx(db *gorm.DB) *watchedTx {
+	if db.Error != nil {
+		return nil
 	}
-	return strings.ToUpper(f[0])
+	if t := watchedTxOf(db.Statement.ConnPool); t != nil && t.holding() {
+		return t
+	}
+	return nil
+}
+
+// flushFor writes t's events before what, failing db's statement when they cannot be written.
+func flushFor(db *gorm.DB, t *watchedTx, what string) {
+	if err := t.flush(); err != nil {
+		db.AddError(fmt.Errorf("%w (written before %s)", err, what))
+	}
+}
+
+// firstWord returns the leading letters of query, after blanks and opening parentheses.
+func firstWord(query string) string {
+	q := strings.TrimLeft(query, " \t\r\n(")
+	n := 0
+	for n < len(q) && (q[n] >= 'a' && q[n] <= 'z' || q[n] >= 'A' && q[n] <= 'Z') {
+		n++
+	}
+	return q[:n]
 }
