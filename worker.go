@@ -67,7 +67,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 		wake: make(chan struct{}, 1),
 		cfg: workerConfig{
 			table:          DefaultTableName,
-			batchSize:      DefaultBatchSize,
+			batchSize:      0, // the database's default, below
 			pollInterval:   DefaultPollInterval,
 			lease:          DefaultLease,
 			publishTimeout: DefaultPublishTimeout,
@@ -99,6 +99,9 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 			return fail(err)
 		}
 	}
+	if w.cfg.batchSize == 0 {
+		w.cfg.batchSize = defaultBatchSize(db.Dialector.Name())
+	}
 	w.pipeline = !w.cfg.keyOrdering
 	w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 	var err error
@@ -106,6 +109,14 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 		return fail(err)
 	}
 	return w, nil
+}
+
+// defaultBatchSize is the batch size of a worker on the dialect when WithBatchSize does not set one.
+func defaultBatchSize(dialect string) int {
+	if dialect == "mysql" {
+		return DefaultMySQLBatchSize
+	}
+	return DefaultBatchSize
 }
 
 // workerID names the worker in locked_by: host, process and a random suffix, within 64 characters.

@@ -235,3 +235,35 @@ func TestClaimRetriesADeadlockVictim(t *testing.T) {
 		assert.True(t, outboxplugin.ClaimRetryable(w, fmt.Errorf("outboxplugin: claim: %w", victim)), "%v", victim)
 	})
 }
+
+// Without WithBatchSize a batch is DefaultMySQLBatchSize events on MySQL/MariaDB and DefaultBatchSize
+// on PostgreSQL and SQLite; an explicit size wins on every database.
+func TestDefaultBatchSizeIsTheDatabases(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		const pending = outboxplugin.DefaultMySQLBatchSize + 200
+		fillOutbox(t, db, d, outboxplugin.DefaultTableName, pending, false)
+		var (
+			mu    sync.Mutex
+			sizes []int
+		)
+		pub := outboxplugin.PublisherFunc(func(_ context.Context, msgs []outboxplugin.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			sizes = append(sizes, len(msgs))
+			return nil
+		})
+		want := outboxplugin.DefaultBatchSize
+		if d.name == "mysql" {
+			want = outboxplugin.DefaultMySQLBatchSize
+		}
+		n, err := newWorker(t, db, pub).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, want, n, "a default batch on %s", d.name)
+
+		n, err = newWorker(t, db, pub, outboxplugin.WithBatchSize(150)).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 150, n, "WithBatchSize(150)")
+		assert.Equal(t, []int{want, 150}, sizes, "one publish per batch")
+	})
+}

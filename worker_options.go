@@ -32,6 +32,7 @@ type WorkerOption func(*workerConfig) error
 // Defaults of the worker's options.
 const (
 	DefaultBatchSize      = 500
+	DefaultMySQLBatchSize = 1000
 	DefaultPollInterval   = time.Second
 	DefaultPublishTimeout = 30 * time.Second
 	DefaultLease          = 5 * time.Second
@@ -40,10 +41,13 @@ const (
 	DefaultBacklogEvery   = 15 * time.Second
 )
 
-// WithBatchSize sets how many events one batch claims and publishes (default 500, at most 10000). A
-// batch costs a claim transaction (one commit) whatever its size, so larger batches move more events
-// per second; DefaultBatchSize is where the gain levels off on the three databases
-// (docs/benchmarks.md, "Relay throughput on MariaDB").
+// WithBatchSize sets how many events one batch claims and publishes, at most 10000. The default
+// is DefaultBatchSize (500) on PostgreSQL and SQLite and DefaultMySQLBatchSize (1000) on MySQL and
+// MariaDB. A batch costs a claim transaction (one commit) whatever its size, so larger batches move
+// more events per second, up to where the database's work per row dominates: on PostgreSQL and SQLite
+// the gain levels off at 500, on MariaDB, whose cost per batch is higher, at 1000
+// (docs/benchmarks.md, "MariaDB: where a batch goes, and what raised it"). A larger batch also makes
+// the duplicates of a relay's crash larger: up to a batch per worker.
 func WithBatchSize(n int) WorkerOption {
 	return func(c *workerConfig) error {
 		if n < 1 || n > 10000 {
