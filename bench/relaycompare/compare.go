@@ -18,6 +18,9 @@ type config struct {
 	events    int // backlog per drain
 	rounds    int
 	consumers int // raw loops, workers or forwarders draining at once
+	// workerBatch, when not 0, adds a variant worker_batch<N>: the worker with WithBatchSize(N), beside
+	// the worker with its defaults.
+	workerBatch int
 }
 
 // variant is one way of relaying the outbox.
@@ -59,7 +62,7 @@ type resultRow struct {
 
 // compare runs the comparison on one server.
 func compare(ctx context.Context, s *server, cfg config) (*result, error) {
-	variants, err := variantsFor(s)
+	variants, err := variantsFor(s, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -95,14 +98,18 @@ func compare(ctx context.Context, s *server, cfg config) (*result, error) {
 }
 
 // variantsFor returns the variants in the order of the report: raw, worker, watermill_default,
-// watermill_tuned.
-func variantsFor(s *server) ([]variant, error) {
+// watermill_tuned, and worker_batch<N> when cfg asks for it.
+func variantsFor(s *server, cfg config) ([]variant, error) {
 	db, err := openGorm(s)
 	if err != nil {
 		return nil, err
 	}
 	def, tuned := watermillSetups(s.kind)
-	return []variant{rawVariant(s, db), workerVariant(s, db), watermillVariant(s, def), watermillVariant(s, tuned)}, nil
+	vs := []variant{rawVariant(s, db), workerVariant(s, db, 0), watermillVariant(s, def), watermillVariant(s, tuned)}
+	if cfg.workerBatch != 0 {
+		vs = append(vs, workerVariant(s, db, cfg.workerBatch))
+	}
+	return vs, nil
 }
 
 // counter counts delivered messages and closes done once it reaches its target.

@@ -44,11 +44,18 @@ func TestCompare(t *testing.T) {
 
 				const events = 300
 				cfg := config{events: events, rounds: 1, consumers: consumers}
+				want := []string{"raw", "worker", "watermill_default", "watermill_tuned"}
+				ratios := []string{"worker/raw", "worker/watermill_tuned", "worker/watermill_default"}
+				if consumers == 2 {
+					// -worker-batch adds the worker with that batch size, and its ratios.
+					cfg.workerBatch = 50
+					want = append(want, "worker_batch50")
+					ratios = append(ratios, "worker_batch50/raw", "worker_batch50/watermill_tuned")
+				}
 				res, err := compare(ctx, s, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want := []string{"raw", "worker", "watermill_default", "watermill_tuned"}
 				if len(res.rows) != len(want) {
 					t.Fatalf("%d variants reported, want %d", len(res.rows), len(want))
 				}
@@ -59,7 +66,7 @@ func TestCompare(t *testing.T) {
 				}
 				var report bytes.Buffer
 				writeReport(&report, res)
-				for _, s := range append(want, "worker/raw", "worker/watermill_tuned", "worker/watermill_default") {
+				for _, s := range append(want, ratios...) {
 					if !strings.Contains(report.String(), "| "+s+" |") && !strings.Contains(report.String(), s+" **") {
 						t.Errorf("report lacks %s:\n%s", s, report.String())
 					}

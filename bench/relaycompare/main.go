@@ -22,6 +22,7 @@ func main() {
 		events    = flag.Int("events", 20000, "events in each backlog")
 		rounds    = flag.Int("rounds", 3, "rounds; each runs every variant once")
 		consumers = flag.Int("workers", 1, "raw loops, workers or forwarders draining at once")
+		batch     = flag.Int("worker-batch", 0, "when not 0, also run the worker with WithBatchSize of this many events (variant worker_batch<N>)")
 		pgDSN     = flag.String("postgres-dsn", envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable"),
 			"PostgreSQL server (a database of this run is created on it); also OUTBOX_POSTGRES_DSN")
 		myDSN = flag.String("mysql-dsn", envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
@@ -37,7 +38,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "relaycompare: -db %q: want postgres, mysql or both\n", *which)
 		os.Exit(2)
 	}
-	cfg := config{events: *events, rounds: *rounds, consumers: *consumers}
+	cfg := config{events: *events, rounds: *rounds, consumers: *consumers, workerBatch: *batch}
 	if err := cfg.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "relaycompare:", err)
 		os.Exit(2)
@@ -74,6 +75,8 @@ func (c config) validate() error {
 		return fmt.Errorf("-rounds %d: want at least 1", c.rounds)
 	case c.consumers < 1:
 		return fmt.Errorf("-workers %d: want at least 1", c.consumers)
+	case c.workerBatch < 0:
+		return fmt.Errorf("-worker-batch %d: want a batch size, or 0 for none", c.workerBatch)
 	}
 	return nil
 }

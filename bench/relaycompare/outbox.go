@@ -77,12 +77,21 @@ func fillOutbox(ctx context.Context, s *server, db *gorm.DB, n int) error {
 	return nil
 }
 
-// workerVariant is this repository's relay with its default options: NewWorker(db, pub) and Run,
-// that many workers at once, stopped once the publisher has counted every event.
-func workerVariant(s *server, db *gorm.DB) variant {
+// workerVariant is this repository's relay with its default options, NewWorker(db, pub), or with
+// WithBatchSize(batch) when batch is not 0 (variant worker_batch<batch>); Run, that many workers at
+// once, stopped once the publisher has counted every event.
+func workerVariant(s *server, db *gorm.DB, batch int) variant {
+	name, describe := "worker", ""
+	var opts []outboxplugin.WorkerOption
+	if batch != 0 {
+		name = fmt.Sprintf("worker_batch%d", batch)
+		describe = fmt.Sprintf("NewWorker(db, pub, WithBatchSize(%d)), the rest default", batch)
+		opts = append(opts, outboxplugin.WithBatchSize(batch))
+	}
 	return variant{
-		name:    "worker",
-		prepare: func(ctx context.Context, n int) error { return prepareOutbox(ctx, s, db, n) },
+		name:     name,
+		describe: describe,
+		prepare:  func(ctx context.Context, n int) error { return prepareOutbox(ctx, s, db, n) },
 		drain: func(ctx context.Context, n, consumers int) (drained, error) {
 			delivered := newCounter(n)
 			pub := outboxplugin.PublisherFunc(func(_ context.Context, msgs []outboxplugin.Message) error {
@@ -91,7 +100,7 @@ func workerVariant(s *server, db *gorm.DB) variant {
 			})
 			workers := make([]consumer, consumers)
 			for i := range workers {
-				w, err := outboxplugin.NewWorker(db, pub)
+				w, err := outboxplugin.NewWorker(db, pub, opts...)
 				if err != nil {
 					return drained{}, err
 				}

@@ -35,8 +35,13 @@ func writeReport(w io.Writer, r *result) {
 	}
 	fmt.Fprintln(w)
 	var ratios []string
-	for _, other := range []string{"raw", "watermill_tuned", "watermill_default"} {
-		ratios = append(ratios, fmt.Sprintf("worker/%s **%.2f**", other, medians["worker"]/medians[other]))
+	for _, row := range r.rows {
+		if !strings.HasPrefix(row.variant, "worker") {
+			continue
+		}
+		for _, other := range []string{"raw", "watermill_tuned", "watermill_default"} {
+			ratios = append(ratios, fmt.Sprintf("%s/%s **%.2f**", row.variant, other, medians[row.variant]/medians[other]))
+		}
 	}
 	fmt.Fprintf(w, "Ratios of medians: %s.\n\n", strings.Join(ratios, ", "))
 	for _, row := range r.rows {
