@@ -29,7 +29,9 @@ func WithKeyOrderingIndex() MigrateOption {
 // gives it the storage settings the relay wants (see pgStorageOptions). It is everything the relay
 // needs: the worker runs no DDL, and refuses to run on a table without the claim index (see
 // OutboxEvent). On a table of an earlier version it adds the claim index and drops the pending index
-// (created_at, id) that it replaces. With WithKeyOrderingIndex it also creates the per-key ordering
+// (created_at, id) that it replaces. On PostgreSQL and SQLite it creates the dead index (dead_at, id)
+// WHERE dead_at IS NOT NULL that the Admin reads (a plain db.AutoMigrate does not: the Admin then
+// reads dead events without an index). With WithKeyOrderingIndex it also creates the per-key ordering
 // index. On PostgreSQL the indexes it adds to an existing table are built CONCURRENTLY, so that a live
 // table's writes are not held up, and an INVALID index a failed build left behind is replaced.
 func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
@@ -65,6 +67,14 @@ func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	if err := setStorageOptions(db, table); err != nil {
 		return fail(err)
 	}
+	// The dead index, for the Admin's counts and lists of dead events. Partial, so that it costs a
+	// write nothing until an event dies; MySQL and MariaDB, without partial indexes, find dead rows
+	// through the claim index's leading columns instead, and get no index every insert would pay for.
+	if name := db.Dialector.Name(); name == "postgres" || name == "sqlite" {
+		if err := createIndex(db, table, deadIndexName(db, table), deadIndexColumns, deadIndexWhere); err != nil {
+			return fail(err)
+		}
+	}
 	if cfg.keyOrdering {
 		if err := createIndex(db, table, keyIndexName(table), keyIndexColumns, keyIndexWhere); err != nil {
 			return fail(fmt.Errorf("per-key ordering: %w", err))
@@ -84,6 +94,11 @@ func claimIndexName(db *gorm.DB, table string) string {
 	return db.NamingStrategy.IndexName(table, "claim")
 }
 
+// deadIndexName is the name of the dead index AutoMigrate creates on PostgreSQL and SQLite.
+func deadIndexName(db *gorm.DB, table string) string {
+	return db.NamingStrategy.IndexName(table, "dead")
+}
+
 func legacyPendingIndexName(db *gorm.DB, table string) string {
 	return db.NamingStrategy.IndexName(table, "pending")
 }
@@ -94,6 +109,8 @@ const (
 	claimIndexColumns = "processed, dead_at, next_attempt_at, created_at, id"
 	claimIndexWhere   = "processed = false AND dead_at IS NULL"
 	keyIndexColumns   = "aggregate_type, aggregate_id, id"
+	deadIndexColumns  = "dead_at, id"
+	deadIndexWhere    = "dead_at IS NOT NULL"
 	keyIndexWhere     = "processed = false"
 )
 

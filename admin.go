@@ -1,0 +1,834 @@
+package outboxplugin
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Admin looks at an outbox table and repairs it: counts per state, lists and single events, requeue
+// and discard of failed events, cleanup. It needs no broker and no Publisher, so a CLI, a console or
+// an application's own admin endpoint can use it beside (or without) a running Worker.
+//
+// Every query reads one of the table's indexes, so that it stays fast with millions of processed
+// rows kept (docs/operations.md lists which one each reads):
+//   - the claim index (processed, dead_at, next_attempt_at, created_at, id), which on PostgreSQL and
+//     SQLite holds exactly the events still to be delivered (WHERE processed = false AND dead_at IS NULL);
+//   - the processed index (processed, created_at), which there holds the processed rows only;
+//   - the dead index (dead_at, id) WHERE dead_at IS NOT NULL, which AutoMigrate creates on PostgreSQL
+//     and SQLite; on MySQL and MariaDB, which have no partial indexes, the claim index's leading
+//     columns (processed = false, dead_at IS NOT NULL) find the dead rows instead.
+//
+// Events still to be delivered and dead events are read in full (they are the backlog, and a healthy
+// outbox keeps few); processed events only ever page by page, or counted approximately.
+type Admin struct {
+	q       *relaySQL
+	dialect string
+	table   string // unquoted, as given
+	db      *gorm.DB
+}
+
+// AdminOption configures an Admin.
+type AdminOption func(*adminConfig) error
+
+type adminConfig struct {
+	table string
+}
+
+// WithAdminTable sets the outbox table the Admin works on (default: the plugin's table on db, or
+// DefaultTableName).
+func WithAdminTable(name string) AdminOption {
+	return func(c *adminConfig) error {
+		if !identifierRE.MatchString(name) {
+			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
+		}
+		c.table = name
+		return nil
+	}
+}
+
+// ErrInvalidFilter is returned (wrapped) by the Admin's methods for a filter or argument they cannot
+// use: an unknown state, a cursor they did not write, a limit out of range, a state the method does
+// not act on.
+var ErrInvalidFilter = errors.New("invalid filter")
+
+// ErrEventNotFound is returned (wrapped) by Admin.Event when no event has the message id.
+var ErrEventNotFound = errors.New("event not found")
+
+// NewAdmin returns an Admin of db's outbox table, or an error wrapping ErrInvalidOption for an invalid
+// option or a nil db, and ErrUnsupportedDialect for a database other than PostgreSQL, MySQL/MariaDB
+// and SQLite.
+func NewAdmin(db *gorm.DB, opts ...AdminOption) (*Admin, error) {
+	fail := func(err error) (*Admin, error) { return nil, fmt.Errorf("outboxplugin: NewAdmin: %w", err) }
+	if db == nil {
+		return fail(fmt.Errorf("%w: nil *gorm.DB", ErrInvalidOption))
+	}
+	cfg := adminConfig{table: DefaultTableName}
+	if p := pluginOf(db); p != nil {
+		cfg.table = p.cfg.table
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			return fail(err)
+		}
+	}
+	db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
+	q, err := newRelaySQL(db, cfg.table, false, DefaultBatchSize)
+	if err != nil {
+		return fail(err)
+	}
+	return &Admin{q: q, dialect: db.Dialector.Name(), table: cfg.table, db: db}, nil
+}
+
+// EventState is where an event is in its life. The states are disjoint; StatePending names the first
+// three together in a filter.
+type EventState string
+
+const (
+	// StateDue: to be delivered, and claimable now (new, or a retry whose time has come).
+	StateDue EventState = "due"
+	// StateLeased: claimed by a worker whose lease has not run out: being published.
+	StateLeased EventState = "leased"
+	// StateWaiting: failed, and waiting for its next attempt.
+	StateWaiting EventState = "waiting"
+	// StateDead: given up on after its last attempt (or refused as undeliverable); kept until it is
+	// requeued or discarded.
+	StateDead EventState = "dead"
+	// StateProcessed: published and marked done; kept until cleanup.
+	StateProcessed EventState = "processed"
+
+	// StatePending is a filter, not a state: due, leased and waiting, every event still to be
+	// delivered.
+	StatePending EventState = "pending"
+)
+
+// ParseEventState reads a state's name (as the CLI and the console take it); "" and "all" are the
+// empty state, which a filter reads as every state.
+func ParseEventState(s string) (EventState, error) {
+	switch st := EventState(strings.ToLower(strings.TrimSpace(s))); st {
+	case "", "all":
+		return "", nil
+	case StateDue, StateLeased, StateWaiting, StateDead, StateProcessed, StatePending:
+		return st, nil
+	}
+	return "", fmt.Errorf("%w: state %q: want due, leased, waiting, dead, processed, pending or all", ErrInvalidFilter, s)
+}
+
+// Stats are an outbox table's counts, as of At.
+type Stats struct {
+	At time.Time
+	// Pending is every event still to be delivered: Due + Leased + Waiting.
+	Pending, Due, Leased, Waiting int64
+	Dead                          int64
+	// Processed is the number of processed rows kept. Exact up to ExactProcessedLimit; above it,
+	// the database's estimate (PostgreSQL: the processed index's row count as of its last VACUUM or
+	// ANALYZE; MySQL/MariaDB: the optimizer's estimate of the processed index range), and
+	// ProcessedApproximate is true. SQLite counts exactly.
+	Processed            int64
+	ProcessedApproximate bool
+	// OldestPending is the creation time of the oldest event still to be delivered (zero when there
+	// is none), and OldestPendingAge its age at At: how far behind the relay is.
+	OldestPending    time.Time
+	OldestPendingAge time.Duration
+	// ByType has the pending and dead counts of each event type that has any, by type name.
+	ByType []TypeStats
+}
+
+// TypeStats are one event type's counts.
+type TypeStats struct {
+	EventType string
+	Pending   int64
+	Dead      int64
+}
+
+// ExactProcessedLimit is how many processed rows Stats counts exactly before it takes the database's
+// estimate instead: counting 10 million index entries takes seconds, an estimate a millisecond.
+const ExactProcessedLimit = 10000
+
+// Stats counts the table's events by state and by type. The pending and dead counts are exact (they
+// read the claim and dead indexes, whose size is the backlog); the processed count is exact up to
+// ExactProcessedLimit and an estimate above (see Stats.Processed).
+func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	fail := func(err error) (Stats, error) {
+		return Stats{}, fmt.Errorf("outboxplugin: Stats of %s: %w", a.table, err)
+	}
+	st := Stats{At: a.q.d.clock(now())}
+	byType := map[string]*TypeStats{}
+	typeOf := func(name string) *TypeStats {
+		t := byType[name]
+		if t == nil {
+			t = &TypeStats{EventType: name}
+			byType[name] = t
+		}
+		return t
+	}
+	// The claim index (partial on PostgreSQL and SQLite): the events still to be delivered.
+	leased := `c.locked_until IS NOT NULL AND c.locked_until >= ?`
+	waiting := `c.next_attempt_at > ? AND NOT (` + leased + `)`
+	query := `SELECT c.event_type, COUNT(*), SUM(CASE WHEN ` + leased + ` THEN 1 ELSE 0 END), ` +
+		`SUM(CASE WHEN ` + waiting + ` THEN 1 ELSE 0 END), MIN(c.created_at) FROM ` + a.q.table + ` c ` +
+		`WHERE ` + liveGroup + ` GROUP BY c.event_type`
+	rows, err := a.query(ctx, query, st.At, st.At, st.At)
+	if err != nil {
+		return fail(err)
+	}
+	for rows.Next() {
+		var (
+			name                 string
+			n, nLeased, nWaiting sql.NullInt64
+			oldest               any
+		)
+		if err := rows.Scan(&name, &n, &nLeased, &nWaiting, &oldest); err != nil {
+			rows.Close()
+			return fail(err)
+		}
+		typeOf(name).Pending = n.Int64
+		st.Pending += n.Int64
+		st.Leased += nLeased.Int64
+		st.Waiting += nWaiting.Int64
+		if oldest != nil {
+			t, err := asTime(oldest)
+			if err != nil {
+				rows.Close()
+				return fail(fmt.Errorf("created_at: %w", err))
+			}
+			if st.OldestPending.IsZero() || t.Before(st.OldestPending) {
+				st.OldestPending = t
+			}
+		}
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fail(err)
+	}
+	st.Due = st.Pending - st.Leased - st.Waiting
+	if !st.OldestPending.IsZero() {
+		st.OldestPendingAge = max(st.At.Sub(st.OldestPending), 0)
+	}
+
+	// The dead index (PostgreSQL, SQLite), or the claim index's leading columns (MySQL).
+	rows, err = a.query(ctx, `SELECT c.event_type, COUNT(*) FROM `+a.q.table+` c WHERE `+deadGroup+` GROUP BY c.event_type`)
+	if err != nil {
+		return fail(err)
+	}
+	for rows.Next() {
+		var (
+			name string
+			n    int64
+		)
+		if err := rows.Scan(&name, &n); err != nil {
+			rows.Close()
+			return fail(err)
+		}
+		typeOf(name).Dead = n
+		st.Dead += n
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fail(err)
+	}
+	for _, t := range byType {
+		st.ByType = append(st.ByType, *t)
+	}
+	slices.SortFunc(st.ByType, func(x, y TypeStats) int { return strings.Compare(x.EventType, y.EventType) })
+
+	if st.Processed, st.ProcessedApproximate, err = a.countProcessed(ctx); err != nil {
+		return fail(err)
+	}
+	return st, nil
+}
+
+// The three groups of rows, each read through its own index (see Admin).
+const (
+	liveGroup      = `c.processed = false AND c.dead_at IS NULL`
+	deadGroup      = `c.processed = false AND c.dead_at IS NOT NULL`
+	processedGroup = `c.processed = true`
+)
+
+// countProcessed counts the processed rows exactly up to ExactProcessedLimit (the processed index,
+// read no further than that), and takes the database's estimate above it.
+func (a *Admin) countProcessed(ctx context.Context) (int64, bool, error) {
+	var n int64
+	limit := ` LIMIT ` + strconv.Itoa(ExactProcessedLimit+1)
+	if a.dialect == "sqlite" {
+		limit = "" // no estimate to fall back on: count them all
+	}
+	if err := a.q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM `+a.q.table+` c WHERE `+processedGroup+limit+`) x`).Scan(&n); err != nil {
+		return 0, false, err
+	}
+	if limit == "" || n <= ExactProcessedLimit {
+		return n, false, nil
+	}
+	switch a.dialect {
+	case "postgres":
+		// The partial index holds the processed rows only: its reltuples is their count as of the
+		// last VACUUM or ANALYZE (autovacuum keeps it close). -1: never measured.
+		var est sql.NullFloat64
+		err := a.q.db.QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`,
+			pgIndexRef(a.table, a.db.NamingStrategy.IndexName(a.table, "processed_created_at"))).Scan(&est)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return 0, false, err
+		}
+		if est.Valid && est.Float64 > ExactProcessedLimit {
+			return int64(est.Float64), true, nil
+		}
+	case "mysql":
+		// The optimizer's estimate of the range, from a few dives into the index.
+		if est, err := a.mysqlRangeEstimate(ctx, `SELECT COUNT(*) FROM `+a.q.table+` c WHERE `+processedGroup); err != nil {
+			return 0, false, err
+		} else if est > ExactProcessedLimit {
+			return est, true, nil
+		}
+	}
+	return n, true, nil // at least this many: the estimate is missing or lags behind
+}
+
+// mysqlRangeEstimate returns the rows column of EXPLAIN for query.
+func (a *Admin) mysqlRangeEstimate(ctx context.Context, query string) (int64, error) {
+	rows, err := a.q.db.QueryContext(ctx, `EXPLAIN `+query)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return 0, err
+	}
+	var est int64
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		dest := make([]any, len(cols))
+		for i := range vals {
+			dest[i] = &vals[i]
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return 0, err
+		}
+		for i, c := range cols {
+			if strings.EqualFold(c, "rows") && vals[i].Valid {
+				if n, err := strconv.ParseInt(vals[i].String, 10, 64); err == nil && n > est {
+					est = n
+				}
+			}
+		}
+	}
+	return est, rows.Err()
+}
+
+// EventFilter selects events for ListEvents and the *Where methods. Zero fields select everything.
+type EventFilter struct {
+	// State is one state, StatePending, or "" for all.
+	State EventState
+	// EventType, and the aggregate (AggregateType and AggregateID, the message key), match exactly.
+	EventType     string
+	AggregateType string
+	AggregateID   string
+	// MessageID matches one event.
+	MessageID string
+	// Since and Until bound the creation time: Since <= created_at < Until.
+	Since, Until time.Time
+	// Limit is the page size of ListEvents: 1..1000, 0 for 50. The *Where methods ignore it.
+	Limit int
+	// Cursor continues a listing where the page that returned it (Page.Next) ended. A cursor belongs
+	// to its filter's order: pass it back with the same Oldest.
+	Cursor string
+	// Oldest lists the oldest events first; the default is newest first.
+	Oldest bool
+}
+
+// Page is one page of ListEvents.
+type Page struct {
+	Events []EventInfo
+	// Next is the cursor of the next page, or "" when this one is the last.
+	Next string
+}
+
+// EventInfo is an event as the Admin shows it.
+type EventInfo struct {
+	ID            int64
+	MessageID     string
+	EventType     string
+	AggregateType string
+	AggregateID   string
+	Payload       json.RawMessage
+	Headers       map[string]string
+	CreatedAt     time.Time
+	State         EventState
+	// Attempts is how many deliveries were started (claims), including one in flight.
+	Attempts int
+	// NextAttemptAt is when a waiting event will be retried.
+	NextAttemptAt *time.Time
+	// LastError is the error of the latest failed delivery, or "".
+	LastError   string
+	ProcessedAt *time.Time
+	DeadAt      *time.Time
+	// LockedBy and LockedUntil are the lease of a leased event (and what is left of an expired one).
+	LockedBy    string
+	LockedUntil *time.Time
+}
+
+const adminColumns = `c.id, c.message_id, c.event_type, c.aggregate_type, c.aggregate_id, c.payload, c.headers, c.created_at, ` +
+	`c.processed, c.processed_at, c.attempts, c.next_attempt_at, c.last_error, c.dead_at, c.locked_by, c.locked_until`
+
+const (
+	defaultPageSize = 50
+	maxPageSize     = 1000
+)
+
+// ListEvents returns one page of the events f selects, newest first (or oldest first with f.Oldest),
+// in creation order (created_at, then id). Each state's rows are read through their own index, in
+// that order, up to the page; with f.EventType or an aggregate among processed events, the processed
+// index is read newest (or oldest) first until the page is full, so a rare type over many processed
+// rows reads far: bound the search with Since and Until.
+func (a *Admin) ListEvents(ctx context.Context, f EventFilter) (Page, error) {
+	fail := func(err error) (Page, error) {
+		return Page{}, fmt.Errorf("outboxplugin: ListEvents of %s: %w", a.table, err)
+	}
+	limit := f.Limit
+	switch {
+	case limit == 0:
+		limit = defaultPageSize
+	case limit < 0 || limit > maxPageSize:
+		return fail(fmt.Errorf("%w: limit %d not in 1..%d", ErrInvalidFilter, f.Limit, maxPageSize))
+	}
+	var after *pageCursor
+	if f.Cursor != "" {
+		c, err := parseCursor(f.Cursor)
+		if err != nil {
+			return fail(err)
+		}
+		after = &c
+	}
+	events, err := a.selectEvents(ctx, f, after, limit+1)
+	if err != nil {
+		return fail(err)
+	}
+	page := Page{Events: events}
+	if len(events) > limit {
+		page.Events = events[:limit]
+		last := page.Events[limit-1]
+		page.Next = pageCursor{createdAt: last.CreatedAt, id: last.ID}.String()
+	}
+	return page, nil
+}
+
+// selectEvents returns up to limit events f selects after the cursor, in f's order: one query per
+// group of rows the state filter touches, merged.
+func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCursor, limit int) ([]EventInfo, error) {
+	state, err := ParseEventState(string(f.State))
+	if err != nil {
+		return nil, err
+	}
+	at := a.q.d.clock(now())
+	var groups []string
+	switch state {
+	case "":
+		groups = []string{liveGroup, deadGroup, processedGroup}
+	case StateDead:
+		groups = []string{deadGroup}
+	case StateProcessed:
+		groups = []string{processedGroup}
+	default:
+		groups = []string{liveGroup}
+	}
+	dir := "DESC"
+	if f.Oldest {
+		dir = "ASC"
+	}
+	var out []EventInfo
+	for _, g := range groups {
+		where := []string{g}
+		var args []any
+		add := func(cond string, v ...any) { where = append(where, cond); args = append(args, v...) }
+		switch state {
+		case StateLeased:
+			add(`c.locked_until IS NOT NULL AND c.locked_until >= ?`, at)
+		case StateWaiting:
+			add(`c.next_attempt_at > ? AND (c.locked_until IS NULL OR c.locked_until < ?)`, at, at)
+		case StateDue:
+			add(`(c.next_attempt_at IS NULL OR c.next_attempt_at <= ?) AND (c.locked_until IS NULL OR c.locked_until < ?)`, at, at)
+		}
+		if f.EventType != "" {
+			add(`c.event_type = ?`, f.EventType)
+		}
+		if f.AggregateType != "" || f.AggregateID != "" {
+			add(`c.aggregate_type = ? AND c.aggregate_id = ?`, f.AggregateType, f.AggregateID)
+		}
+		if f.MessageID != "" {
+			add(`c.message_id = ?`, f.MessageID)
+			if g == processedGroup {
+				// Processed rows have no message id index: a UUIDv7 carries its creation time,
+				// which bounds the processed index's range.
+				if t, ok := uuidV7Time(f.MessageID); ok {
+					add(`c.created_at >= ? AND c.created_at < ?`, t.Add(-messageIDSlack), t.Add(messageIDSlack))
+				}
+			}
+		}
+		if !f.Since.IsZero() {
+			add(`c.created_at >= ?`, f.Since.UTC())
+		}
+		if !f.Until.IsZero() {
+			add(`c.created_at < ?`, f.Until.UTC())
+		}
+		if after != nil {
+			cmp := "<"
+			if f.Oldest {
+				cmp = ">"
+			}
+			add(`(c.created_at `+cmp+` ? OR (c.created_at = ? AND c.id `+cmp+` ?))`, after.createdAt, after.createdAt, after.id)
+		}
+		// The processed index reads in this order without a sort: InnoDB's secondary index holds the
+		// primary key after its columns, SQLite's the rowid (id), and PostgreSQL sorts only the ties
+		// of created_at (an incremental sort).
+		order := `c.created_at ` + dir + `, c.id ` + dir
+		query := `SELECT ` + adminColumns + ` FROM ` + a.q.table + ` c WHERE ` + strings.Join(where, " AND ") +
+			` ORDER BY ` + order + ` LIMIT ` + strconv.Itoa(limit)
+		evs, err := a.scanEvents(ctx, at, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, evs...)
+	}
+	slices.SortFunc(out, func(x, y EventInfo) int {
+		c := x.CreatedAt.Compare(y.CreatedAt)
+		if c == 0 {
+			c = cmpInt64(x.ID, y.ID)
+		}
+		if !f.Oldest {
+			c = -c
+		}
+		return c
+	})
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// messageIDSlack is how far an event's created_at may lie from its UUIDv7's timestamp: both are
+// taken from the writing process's clock as the event is built, a few microseconds apart; the id's
+// counter can carry it a few milliseconds ahead.
+const messageIDSlack = time.Minute
+
+// uuidV7Time returns the timestamp of a UUIDv7 in its text form.
+func uuidV7Time(id string) (time.Time, bool) {
+	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[14] != '7' {
+		return time.Time{}, false
+	}
+	var b [6]byte
+	if _, err := hex.Decode(b[:4], []byte(id[:8])); err != nil {
+		return time.Time{}, false
+	}
+	if _, err := hex.Decode(b[4:], []byte(id[9:13])); err != nil {
+		return time.Time{}, false
+	}
+	ms := int64(b[0])<<40 | int64(b[1])<<32 | int64(b[2])<<24 | int64(b[3])<<16 | int64(b[4])<<8 | int64(b[5])
+	return time.UnixMilli(ms).UTC(), true
+}
+
+// Event returns the event with the message id, with its attempts, last error and state, or an error
+// wrapping ErrEventNotFound. Events to be delivered and dead ones are found through their indexes;
+// a processed one through the processed index around the time its UUIDv7 id carries. A message id
+// that is not a UUIDv7 (written by hand), an event whose created_at lies apart from its id's time,
+// and an id that is not there make the search read every processed row.
+func (a *Admin) Event(ctx context.Context, messageID string) (EventInfo, error) {
+	if messageID == "" {
+		return EventInfo{}, fmt.Errorf("outboxplugin: Event: %w: empty message id", ErrInvalidFilter)
+	}
+	evs, err := a.findByMessageID(ctx, messageID)
+	if err != nil {
+		return EventInfo{}, fmt.Errorf("outboxplugin: Event %s: %w", messageID, err)
+	}
+	if len(evs) == 0 {
+		return EventInfo{}, fmt.Errorf("outboxplugin: Event %s in %s: %w", messageID, a.table, ErrEventNotFound)
+	}
+	return evs[0], nil
+}
+
+// findByMessageID returns the events with the message id (one, unless ids were written by hand):
+// first around the time its UUIDv7 carries, then, when that finds none, among every processed row —
+// for an event whose created_at was set apart from its id (written by hand), and for an id that is
+// not there, which costs a read of the processed index.
+func (a *Admin) findByMessageID(ctx context.Context, messageID string) ([]EventInfo, error) {
+	evs, err := a.selectEvents(ctx, EventFilter{MessageID: messageID}, nil, 2)
+	if err != nil || len(evs) > 0 {
+		return evs, err
+	}
+	if _, ok := uuidV7Time(messageID); !ok {
+		return nil, nil // already searched without a window
+	}
+	return a.selectEventsAnyTime(ctx, messageID)
+}
+
+// selectEventsAnyTime looks for the message id among every processed row.
+func (a *Admin) selectEventsAnyTime(ctx context.Context, messageID string) ([]EventInfo, error) {
+	return a.scanEvents(ctx, a.q.d.clock(now()), `SELECT `+adminColumns+` FROM `+a.q.table+` c WHERE `+processedGroup+
+		` AND c.message_id = ? LIMIT 2`, messageID)
+}
+
+// scanEvents runs query and reads its rows as EventInfo, their state as of at.
+func (a *Admin) scanEvents(ctx context.Context, at time.Time, query string, args ...any) ([]EventInfo, error) {
+	rows, err := a.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []EventInfo
+	for rows.Next() {
+		var (
+			e                                    EventInfo
+			payload, headers                     []byte
+			created, processedAt, nextAt, deadAt any
+			lockedUntil                          any
+			lastError, lockedBy                  sql.NullString
+			processed                            bool
+		)
+		if err := rows.Scan(&e.ID, &e.MessageID, &e.EventType, &e.AggregateType, &e.AggregateID, &payload, &headers, &created,
+			&processed, &processedAt, &e.Attempts, &nextAt, &lastError, &deadAt, &lockedBy, &lockedUntil); err != nil {
+			return nil, err
+		}
+		e.Payload = json.RawMessage(payload)
+		if len(headers) > 0 && string(headers) != "null" {
+			if err := json.Unmarshal(headers, &e.Headers); err != nil {
+				return nil, fmt.Errorf("event %d: headers: %w", e.ID, err)
+			}
+		}
+		var terr error
+		times := []struct {
+			v   any
+			dst **time.Time
+		}{{processedAt, &e.ProcessedAt}, {nextAt, &e.NextAttemptAt}, {deadAt, &e.DeadAt}, {lockedUntil, &e.LockedUntil}}
+		if e.CreatedAt, terr = asTime(created); terr != nil {
+			return nil, fmt.Errorf("event %d: created_at: %w", e.ID, terr)
+		}
+		for _, t := range times {
+			if t.v == nil {
+				continue
+			}
+			v, err := asTime(t.v)
+			if err != nil {
+				return nil, fmt.Errorf("event %d: %w", e.ID, err)
+			}
+			*t.dst = &v
+		}
+		e.LastError, e.LockedBy = lastError.String, lockedBy.String
+		e.State = eventStateAt(processed, e, at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// eventStateAt is the state of an event read at at.
+func eventStateAt(processed bool, e EventInfo, at time.Time) EventState {
+	switch {
+	case processed:
+		return StateProcessed
+	case e.DeadAt != nil:
+		return StateDead
+	case e.LockedUntil != nil && !e.LockedUntil.Before(at):
+		return StateLeased
+	case e.NextAttemptAt != nil && e.NextAttemptAt.After(at):
+		return StateWaiting
+	}
+	return StateDue
+}
+
+// query runs a statement of the Admin with the dialect's bind variables.
+func (a *Admin) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	query, args = a.q.d.literal(a.q.bind(query), args)
+	return a.q.db.QueryContext(ctx, query, args...)
+}
+
+// pageCursor is where a page ended: the last event's creation time and id.
+type pageCursor struct {
+	createdAt time.Time
+	id        int64
+}
+
+// String writes the cursor as <unix nanoseconds>.<id>.
+func (c pageCursor) String() string {
+	return strconv.FormatInt(c.createdAt.UnixNano(), 10) + "." + strconv.FormatInt(c.id, 10)
+}
+
+func parseCursor(s string) (pageCursor, error) {
+	ns, id, ok := strings.Cut(s, ".")
+	n, err1 := strconv.ParseInt(ns, 10, 64)
+	i, err2 := strconv.ParseInt(id, 10, 64)
+	if !ok || err1 != nil || err2 != nil || i < 0 {
+		return pageCursor{}, fmt.Errorf("%w: cursor %q is not one ListEvents returned", ErrInvalidFilter, s)
+	}
+	return pageCursor{createdAt: time.Unix(0, n).UTC(), id: i}, nil
+}
+
+// Requeue makes the failed events with these message ids — dead, or waiting for a retry — due now,
+// with their attempts reset (their last error stays, until a delivery succeeds or fails anew), and returns how many it requeued. Events being delivered
+// or already processed are left alone.
+func (a *Admin) Requeue(ctx context.Context, messageIDs ...string) (int64, error) {
+	n, err := a.byMessageIDs(ctx, messageIDs, a.requeueIDs)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: Requeue: %w", err)
+	}
+	return n, nil
+}
+
+// RequeueWhere requeues, as Requeue does, every failed event f selects; f.State must be StateDead,
+// StateWaiting or "" (both). It works in chunks of 1000 events, each its own statement.
+func (a *Admin) RequeueWhere(ctx context.Context, f EventFilter) (int64, error) {
+	n, err := a.where(ctx, f, []EventState{StateDead, StateWaiting}, a.requeueIDs)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: RequeueWhere: %w", err)
+	}
+	return n, nil
+}
+
+// Discard deletes the dead events with these message ids, and returns how many it deleted. Events of
+// any other state are left alone.
+func (a *Admin) Discard(ctx context.Context, messageIDs ...string) (int64, error) {
+	n, err := a.byMessageIDs(ctx, messageIDs, a.discardIDs)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: Discard: %w", err)
+	}
+	return n, nil
+}
+
+// DiscardWhere deletes every dead event f selects; f.State must be StateDead or "". It works in
+// chunks of 1000 events.
+func (a *Admin) DiscardWhere(ctx context.Context, f EventFilter) (int64, error) {
+	n, err := a.where(ctx, f, []EventState{StateDead}, a.discardIDs)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: DiscardWhere: %w", err)
+	}
+	return n, nil
+}
+
+// Cleanup deletes processed events created more than olderThan ago, in chunks of 1000 rows (each its
+// own statement, through the processed index), and returns how many it deleted. It may run beside
+// workers, and beside their periodic cleanup.
+func (a *Admin) Cleanup(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("outboxplugin: Cleanup: %w: negative age %v", ErrInvalidFilter, olderThan)
+	}
+	cutoff := now().Add(-olderThan)
+	var total int64
+	for {
+		n, err := a.q.cleanupChunk(ctx, a.q.db, cutoff, cleanupChunk)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("outboxplugin: Cleanup of %s: %w", a.table, err)
+		}
+		if n < cleanupChunk {
+			return total, nil
+		}
+	}
+}
+
+// byMessageIDs finds the rows of the message ids, chunk by chunk, and hands their ids to act.
+func (a *Admin) byMessageIDs(ctx context.Context, messageIDs []string, act func(context.Context, []int64) (int64, error)) (int64, error) {
+	var total int64
+	for chunk := range slices.Chunk(messageIDs, adminChunk) {
+		var ids []int64
+		for _, m := range chunk {
+			if m == "" {
+				return total, fmt.Errorf("%w: empty message id", ErrInvalidFilter)
+			}
+			evs, err := a.findByMessageID(ctx, m)
+			if err != nil {
+				return total, err
+			}
+			for _, e := range evs {
+				ids = append(ids, e.ID)
+			}
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		n, err := act(ctx, ids)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// where hands the ids of the events f selects to act, chunk by chunk, until none is left; f's state
+// must be one of allowed, or "" for all of them.
+func (a *Admin) where(ctx context.Context, f EventFilter, allowed []EventState, act func(context.Context, []int64) (int64, error)) (int64, error) {
+	state, err := ParseEventState(string(f.State))
+	if err != nil {
+		return 0, err
+	}
+	states := allowed
+	if state != "" {
+		if !slices.Contains(allowed, state) {
+			return 0, fmt.Errorf("%w: state %q: this acts on %v events only", ErrInvalidFilter, state, allowed)
+		}
+		states = []EventState{state}
+	}
+	f.Cursor, f.Oldest = "", true
+	var total int64
+	for _, st := range states {
+		f.State = st
+		var after *pageCursor
+		for {
+			evs, err := a.selectEvents(ctx, f, after, adminChunk)
+			if err != nil {
+				return total, err
+			}
+			if len(evs) == 0 {
+				break
+			}
+			ids := make([]int64, len(evs))
+			for i, e := range evs {
+				ids[i] = e.ID
+			}
+			n, err := act(ctx, ids)
+			total += n
+			if err != nil {
+				return total, err
+			}
+			last := evs[len(evs)-1]
+			after = &pageCursor{createdAt: last.CreatedAt, id: last.ID}
+			if len(evs) < adminChunk {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+// adminChunk is how many rows one statement of the *Where methods changes.
+const adminChunk = 1000
+
+// requeueIDs makes the dead or waiting rows among ids due now. The condition is checked again in the
+// UPDATE: a row a worker leased since it was read is not touched.
+func (a *Admin) requeueIDs(ctx context.Context, ids []int64) (int64, error) {
+	at := a.q.d.clock(now())
+	return a.q.exec(ctx, a.q.db, `UPDATE `+a.q.table+` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE `, nil, ids,
+		` AND processed = false AND (dead_at IS NOT NULL OR (next_attempt_at > ? AND (locked_until IS NULL OR locked_until < ?)))`, at, at)
+}
+
+// discardIDs deletes the dead rows among ids.
+func (a *Admin) discardIDs(ctx context.Context, ids []int64) (int64, error) {
+	return a.q.exec(ctx, a.q.db, `DELETE FROM `+a.q.table+` WHERE `, nil, ids, ` AND processed = false AND dead_at IS NOT NULL`)
+}
