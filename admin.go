@@ -134,7 +134,7 @@ type Stats struct {
 	Dead                          int64
 	// Processed is the number of processed rows kept. Exact up to ExactProcessedLimit; above it,
 	// the database's estimate (PostgreSQL: the processed index's row count as of its last VACUUM or
-	// ANALYZE; MySQL/MariaDB: the optimizer's estimate of the processed index range), and
+	// ANALYZE; MySQL/MariaDB: InnoDB's estimate of the table's rows less the other states), and
 	// ProcessedApproximate is true. SQLite counts exactly.
 	Processed            int64
 	ProcessedApproximate bool
@@ -242,7 +242,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	}
 	slices.SortFunc(st.ByType, func(x, y TypeStats) int { return strings.Compare(x.EventType, y.EventType) })
 
-	if st.Processed, st.ProcessedApproximate, err = a.countProcessed(ctx); err != nil {
+	if st.Processed, st.ProcessedApproximate, err = a.countProcessed(ctx, st.Pending+st.Dead); err != nil {
 		return fail(err)
 	}
 	return st, nil
@@ -256,8 +256,9 @@ const (
 )
 
 // countProcessed counts the processed rows exactly up to ExactProcessedLimit (the processed index,
-// read no further than that), and takes the database's estimate above it.
-func (a *Admin) countProcessed(ctx context.Context) (int64, bool, error) {
+// read no further than that), and takes the database's estimate above it; others is the exact count
+// of the table's other rows.
+func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, error) {
 	var n int64
 	limit := ` LIMIT ` + strconv.Itoa(ExactProcessedLimit+1)
 	if a.dialect == "sqlite" {
@@ -283,46 +284,24 @@ func (a *Admin) countProcessed(ctx context.Context) (int64, bool, error) {
 			return int64(est.Float64), true, nil
 		}
 	case "mysql":
-		// The optimizer's estimate of the range, from a few dives into the index.
-		if est, err := a.mysqlRangeEstimate(ctx, `SELECT COUNT(*) FROM `+a.q.table+` c WHERE `+processedGroup); err != nil {
+		// InnoDB's row count estimate of the table (persistent statistics, recalculated when a tenth
+		// of the table has changed), less the exact counts of the rest. Not the optimizer's estimate of
+		// the processed range: InnoDB caps a range estimate at half the table.
+		schema, name := "", a.table
+		if i := strings.LastIndex(name, "."); i >= 0 {
+			schema, name = name[:i], name[i+1:]
+		}
+		var est sql.NullInt64
+		err := a.q.db.QueryRowContext(ctx, `SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`,
+			schema, name).Scan(&est)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, false, err
-		} else if est > ExactProcessedLimit {
-			return est, true, nil
+		}
+		if rest := est.Int64 - others; est.Valid && rest > ExactProcessedLimit {
+			return rest, true, nil
 		}
 	}
 	return n, true, nil // at least this many: the estimate is missing or lags behind
-}
-
-// mysqlRangeEstimate returns the rows column of EXPLAIN for query.
-func (a *Admin) mysqlRangeEstimate(ctx context.Context, query string) (int64, error) {
-	rows, err := a.q.db.QueryContext(ctx, `EXPLAIN `+query)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	cols, err := rows.Columns()
-	if err != nil {
-		return 0, err
-	}
-	var est int64
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		dest := make([]any, len(cols))
-		for i := range vals {
-			dest[i] = &vals[i]
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return 0, err
-		}
-		for i, c := range cols {
-			if strings.EqualFold(c, "rows") && vals[i].Valid {
-				if n, err := strconv.ParseInt(vals[i].String, 10, 64); err == nil && n > est {
-					est = n
-				}
-			}
-		}
-	}
-	return est, rows.Err()
 }
 
 // EventFilter selects events for ListEvents and the *Where methods. Zero fields select everything.
