@@ -13,6 +13,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/gorm-outbox/outboxplugin"
 	"gorm.io/driver/sqlite"
@@ -88,7 +89,11 @@ func run() error {
 		}
 		return errors.New("changed my mind")
 	})
-	fmt.Printf("rolled back: %v\n\n", err)
+	var ghosts int64
+	if err := db.Model(&User{}).Where("name = ?", "ghost").Count(&ghosts).Error; err != nil {
+		return err
+	}
+	fmt.Printf("rolled back: %v — ghost rows: %d, and no event for ghost below\n\n", err, ghosts)
 
 	var events []outboxplugin.OutboxEvent
 	if err := db.Order("id").Find(&events).Error; err != nil {
@@ -101,9 +106,9 @@ func run() error {
 	}
 
 	// The relay: a worker claims the committed events, hands them to a publisher in batches and
-	// marks them processed. A real application runs worker.Run(ctx) in a goroutine, with a broker
-	// publisher, and handles the error Run returns; here the publisher prints, and the worker runs
-	// until the outbox is drained.
+	// marks them processed. As in an application, Run relays until its context ends (it returns nil
+	// then); a real application passes a broker's publisher. Here the publisher prints, and the
+	// context ends once the Admin counts nothing left to deliver.
 	fmt.Println("\nrelay:")
 	printer := outboxplugin.PublisherFunc(func(ctx context.Context, msgs []outboxplugin.Message) error {
 		for _, m := range msgs {
@@ -115,19 +120,25 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	for {
-		n, err := worker.ProcessOnce(context.Background())
-		if err != nil {
-			return err
-		}
-		if n == 0 {
+	admin, err := outboxplugin.NewAdmin(db)
+	if err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- worker.Run(ctx) }()
+	var st outboxplugin.Stats
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if st, err = admin.Stats(context.Background()); err != nil || st.Pending == 0 || time.Now().After(deadline) {
 			break
 		}
 	}
-	var pending int64
-	if err := db.Model(&outboxplugin.OutboxEvent{}).Where("processed = ?", false).Count(&pending).Error; err != nil {
+	stop()
+	if err := errors.Join(err, <-done); err != nil {
 		return err
 	}
-	fmt.Printf("events left unprocessed: %d\n", pending)
+	// Stats counts what the docs recommend watching: events still to be delivered, dead ones, and the
+	// oldest pending event's age (docs/operations.md).
+	fmt.Printf("still to deliver: %d, dead: %d, processed: %d\n", st.Pending, st.Dead, st.Processed)
 	return nil
 }
