@@ -4,10 +4,10 @@ go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
-	github.com/gorm-outbox/outboxplugin/publishers/nats v0.0.0-00010101000000-000000000000
-	github.com/gorm-outbox/outboxplugin/publishers/rabbitmq v0.0.0-00010101000000-000000000000
-	github.com/gorm-outbox/outboxplugin/publishers/redis v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin v0.1.0
+	github.com/gorm-outbox/outboxplugin/publishers/nats v0.1.0
+	github.com/gorm-outbox/outboxplugin/publishers/rabbitmq v0.1.0
+	github.com/gorm-outbox/outboxplugin/publishers/redis v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -35,11 +35,4 @@ require (
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-)
-
-replace (
-	github.com/gorm-outbox/outboxplugin => ../
-	github.com/gorm-outbox/outboxplugin/publishers/nats => ../publishers/nats
-	github.com/gorm-outbox/outboxplugin/publishers/rabbitmq => ../publishers/rabbitmq
-	github.com/gorm-outbox/outboxplugin/publishers/redis => ../publishers/redis
 )

@@ -6,7 +6,7 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
@@ -30,5 +30,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/gorm-outbox/outboxplugin => ../..

@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outboxplugin/publishers/kafka
 go 1.26.0
 
 require (
-	github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin v0.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -21,5 +21,3 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/gorm-outbox/outboxplugin => ../..

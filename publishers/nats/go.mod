@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outboxplugin/publishers/nats
 go 1.26.0
 
 require (
-	github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/driver/sqlite v1.6.0
@@ -22,5 +22,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/gorm-outbox/outboxplugin => ../..

@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outboxplugin/publishers/rabbitmq
 go 1.26
 
 require (
-	github.com/gorm-outbox/outboxplugin v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outboxplugin v0.1.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/driver/sqlite v1.6.0
@@ -17,5 +17,3 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/gorm-outbox/outboxplugin => ../..
