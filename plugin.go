@@ -1,11 +1,3 @@
-// Package outboxplugin is a transactional outbox for GORM.
-//
-// db.Use(outboxplugin.New()) makes every create, update and delete that GORM runs write one outbox
-// event per changed row, in the same database transaction as the row itself: both commit or both
-// roll back. Emit writes an explicit domain event inside a transaction. A relay (the next part of
-// the package) publishes committed events to a broker, at least once.
-//
-// docs/capture.md lists every write path and the events it gives.
 package outboxplugin
 
 import (
