@@ -443,26 +443,42 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		if f.AggregateType != "" || f.AggregateID != "" {
 			add(`c.aggregate_type = ? AND c.aggregate_id = ?`, f.AggregateType, f.AggregateID)
 		}
+		// A bound on created_at. Among processed rows on PostgreSQL it is written as a row comparison
+		// with processed: the planner drops processed = true from the index conditions of the partial
+		// processed index (the index's predicate implies it), and a bound on created_at alone, its
+		// second column, then neither starts nor stops the scan, which reads the whole index (EXPLAIN:
+		// 3 836 buffers for a one-minute window of a million rows, 10 with the row comparison).
+		bound := func(op string, t time.Time) {
+			if g == processedGroup && a.dialect == "postgres" {
+				add(`(c.processed, c.created_at) `+op+` (true, ?)`, t)
+				return
+			}
+			add(`c.created_at `+op+` ?`, t)
+		}
 		if f.MessageID != "" {
 			add(`c.message_id = ?`, f.MessageID)
 			if g == processedGroup {
 				// Processed rows have no message id index: a UUIDv7 carries its creation time,
 				// which bounds the processed index's range.
 				if t, ok := uuidV7Time(f.MessageID); ok {
-					add(`c.created_at >= ? AND c.created_at < ?`, t.Add(-messageIDSlack), t.Add(messageIDSlack))
+					bound(">=", t.Add(-messageIDSlack))
+					bound("<", t.Add(messageIDSlack))
 				}
 			}
 		}
 		if !f.Since.IsZero() {
-			add(`c.created_at >= ?`, f.Since.UTC())
+			bound(">=", f.Since.UTC())
 		}
 		if !f.Until.IsZero() {
-			add(`c.created_at < ?`, f.Until.UTC())
+			bound("<", f.Until.UTC())
 		}
 		if after != nil {
 			cmp := "<"
 			if f.Oldest {
 				cmp = ">"
+			}
+			if g == processedGroup && a.dialect == "postgres" {
+				bound(cmp+"=", after.createdAt) // where the scan starts; the exact condition follows
 			}
 			add(`(c.created_at `+cmp+` ? OR (c.created_at = ? AND c.id `+cmp+` ?))`, after.createdAt, after.createdAt, after.id)
 		}
