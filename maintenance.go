@@ -43,8 +43,11 @@ func (w *Worker) maintain(ctx context.Context) {
 		now = time.Now()
 		if backlog && !now.Before(nextBacklog) {
 			nextBacklog = now.Add(w.cfg.backlogEvery)
-			if pending, err := w.sql.backlog(ctx); err == nil {
+			if pending, oldest, err := w.sql.backlog(ctx); err == nil {
 				w.cfg.observer.Backlog(ctx, pending)
+				if o, ok := w.cfg.observer.(BacklogAgeObserver); ok {
+					o.OldestPending(ctx, oldest)
+				}
 			}
 		}
 		if cleanup && !now.Before(nextCleanup) {

@@ -18,6 +18,15 @@ type Observer interface {
 	Backlog(ctx context.Context, pending int64)
 }
 
+// BacklogAgeObserver is an Observer that is also told how old the backlog is. When the worker's
+// observer implements it, each backlog measurement reads, in the same query as the count, the
+// created_at of the oldest pending event (dead ones excluded), and calls OldestPending with it right
+// after Backlog: the zero time when nothing is pending.
+type BacklogAgeObserver interface {
+	Observer
+	OldestPending(ctx context.Context, createdAt time.Time)
+}
+
 // BatchResult is what happened to one batch.
 type BatchResult struct {
 	// Claimed is the number of events the batch took.

@@ -530,11 +530,23 @@ func (q *relaySQL) requeue(ctx context.Context, messageIDs []string) (int64, err
 	return res.RowsAffected()
 }
 
-// backlog counts pending events (dead ones excluded).
-func (q *relaySQL) backlog(ctx context.Context) (int64, error) {
-	var n int64
-	err := q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+q.table+` WHERE processed = false AND dead_at IS NULL`).Scan(&n)
-	return n, err
+// backlog counts pending events (dead ones excluded) and returns the created_at of the oldest, zero
+// when there is none. Both read the same rows: the claim index (processed, dead_at, next_attempt_at,
+// created_at, id) covers them, so the MIN costs the count's index-only scan nothing more.
+func (q *relaySQL) backlog(ctx context.Context) (int64, time.Time, error) {
+	var (
+		n      int64
+		oldest any
+	)
+	err := q.db.QueryRowContext(ctx, `SELECT COUNT(*), MIN(created_at) FROM `+q.table+` WHERE processed = false AND dead_at IS NULL`).Scan(&n, &oldest)
+	if err != nil || oldest == nil {
+		return n, time.Time{}, err
+	}
+	t, err := asTime(oldest)
+	if err != nil {
+		return n, time.Time{}, fmt.Errorf("oldest created_at: %w", err)
+	}
+	return n, t, nil
 }
 
 // prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no

@@ -526,11 +526,16 @@ func TestPeriodicCleanupAndBacklog(t *testing.T) {
 		var (
 			mu      sync.Mutex
 			backlog []int64
+			oldest  []time.Time
 		)
 		obs := &backlogObserver{onBacklog: func(n int64) {
 			mu.Lock()
 			defer mu.Unlock()
 			backlog = append(backlog, n)
+		}, onOldest: func(t time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			oldest = append(oldest, t)
 		}}
 		// A publisher that fails keeps one event pending, for the backlog to count.
 		failing := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { return errors.New("down") })
@@ -555,15 +560,28 @@ func TestPeriodicCleanupAndBacklog(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		assert.EqualValues(t, 1, backlog[len(backlog)-1], "one event waiting")
+		require.Len(t, oldest, len(backlog), "OldestPending follows each Backlog")
+		var pending outboxplugin.OutboxEvent
+		for _, e := range loadEvents(t, db) {
+			if e.EventType == "User_create" {
+				pending = e
+			}
+		}
+		assert.WithinDuration(t, pending.CreatedAt, oldest[len(oldest)-1], time.Millisecond,
+			"the oldest pending event's created_at; the old and recent processed ones do not count")
 	})
 }
 
 type backlogObserver struct {
 	outboxplugin.NopObserver
 	onBacklog func(int64)
+	onOldest  func(time.Time)
 }
 
-func (o *backlogObserver) Backlog(_ context.Context, n int64) { o.onBacklog(n) }
+var _ outboxplugin.BacklogAgeObserver = (*backlogObserver)(nil)
+
+func (o *backlogObserver) Backlog(_ context.Context, n int64)           { o.onBacklog(n) }
+func (o *backlogObserver) OldestPending(_ context.Context, t time.Time) { o.onOldest(t) }
 
 // countingHandler counts log records by level.
 type countingHandler struct {
