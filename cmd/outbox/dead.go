@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/gorm-outbox/outboxplugin"
+)
+
+func init() { register(newDeadCmd) }
+
+func newDeadCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dead",
+		Short: "Requeue or discard failed events",
+		Args:  noArgs,
+	}
+	cmd.AddCommand(
+		newRepairCmd(a, repairAction{
+			name: "requeue", past: "requeued", states: "dead or waiting",
+			short: "Make failed events (dead, or waiting for a retry) due now, with their attempts reset",
+			long: `requeue makes failed events due now, with their attempts reset; their last error stays until
+the next delivery. By default it acts on dead events and on events waiting for a retry; --state dead
+or --state waiting narrows that. Events being delivered or already processed are left alone.`,
+			withState: true,
+			byIDs:     (*outboxplugin.Admin).Requeue,
+			where:     (*outboxplugin.Admin).RequeueWhere,
+		}),
+		newRepairCmd(a, repairAction{
+			name: "discard", past: "discarded", states: "dead",
+			short: "Delete dead events",
+			long:  `discard deletes dead events. Events of any other state are left alone.`,
+			byIDs: (*outboxplugin.Admin).Discard,
+			where: (*outboxplugin.Admin).DiscardWhere,
+		}),
+	)
+	return cmd
+}
+
+// repairAction is one of the dead commands: what it does by message ids and by filter.
+type repairAction struct {
+	name, past, states string
+	short, long        string
+	withState          bool // takes --state (requeue: dead or waiting)
+	byIDs              func(*outboxplugin.Admin, context.Context, ...string) (int64, error)
+	where              func(*outboxplugin.Admin, context.Context, outboxplugin.EventFilter) (int64, error)
+}
+
+func newRepairCmd(a *app, act repairAction) *cobra.Command {
+	var (
+		ff    filterFlags
+		state string
+		all   bool
+		yes   bool
+	)
+	cmd := &cobra.Command{
+		Use:   act.name + " [MESSAGE_ID...]",
+		Short: act.short,
+		Long: act.long + `
+
+Give the message ids of the events, or --all to act on every ` + act.states + ` event the filter flags
+select (no filter: every one). An --all run asks for confirmation on the terminal, unless --yes;
+without a terminal and without --yes it refuses (exit 4).`,
+		Example: fmt.Sprintf(`  outbox dead %[1]s --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12
+  outbox dead %[1]s --db shop.db --all --type OrderPlaced --since 1d
+  outbox dead %[1]s --db shop.db --all --yes --json`, act.name),
+		RunE: a.runE(func(cmd *cobra.Command, ids []string) error {
+			if len(ids) > 0 && (all || ff.set() || state != "") {
+				return usagef("give message ids, or --all with filter flags, not both")
+			}
+			if len(ids) == 0 && !all {
+				return usagef("give the message ids to %s, or --all (with filter flags) to %s every %s event they select", act.name, act.name, act.states)
+			}
+			if len(ids) > 0 {
+				return a.repairByIDs(cmd.Context(), act, ids)
+			}
+			f, err := ff.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			if f.State, err = outboxplugin.ParseEventState(state); err != nil {
+				return err
+			}
+			if f.State != "" && f.State != outboxplugin.StateDead && f.State != outboxplugin.StateWaiting {
+				return usagef("--state %s: requeue acts on dead or waiting events", state)
+			}
+			if !yes {
+				if err := a.confirm(fmt.Sprintf("%s every %s event in %s%s?", act.name, describeStates(act, f.State), a.table, describeFilter(ff))); err != nil {
+					return err
+				}
+			}
+			adm, closeDB, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			n, err := act.where(adm, cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			return a.printAffected(act, n)
+		}),
+	}
+	fs := cmd.Flags()
+	fs.BoolVar(&all, "all", false, "act on every "+act.states+" event the filter flags select, instead of on message ids")
+	fs.BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	if act.withState {
+		fs.StringVar(&state, "state", "", "with --all: only dead, or only waiting events (default both)")
+	}
+	ff.register(fs)
+	return cmd
+}
+
+func (a *app) repairByIDs(ctx context.Context, act repairAction, ids []string) error {
+	adm, closeDB, err := a.admin(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	n, err := act.byIDs(adm, ctx, ids...)
+	if err != nil {
+		return err
+	}
+	if !a.json && n < int64(len(ids)) {
+		fmt.Fprintf(a.stderr, "%d of the %d message ids matched no %s event\n", int64(len(ids))-n, len(ids), act.states)
+	}
+	return a.printAffected(act, n)
+}
+
+func (a *app) printAffected(act repairAction, n int64) error {
+	if a.json {
+		return a.printJSON(struct {
+			Action   string `json:"action"`
+			Affected int64  `json:"affected"`
+		}{act.name, n})
+	}
+	_, err := fmt.Fprintf(a.stdout, "%s %d events\n", act.past, n)
+	return err
+}
+
+func describeStates(act repairAction, st outboxplugin.EventState) string {
+	if st != "" {
+		return string(st)
+	}
+	return act.states
+}
+
+// describeFilter spells out the filter flags for the confirmation question.
+func describeFilter(ff filterFlags) string {
+	var parts []string
+	for _, p := range []struct{ name, v string }{
+		{"type", ff.eventType}, {"aggregate-type", ff.aggregateType}, {"aggregate-id", ff.aggregateID},
+		{"message-id", ff.messageID}, {"since", ff.since}, {"until", ff.until},
+	} {
+		if p.v != "" {
+			parts = append(parts, p.name+"="+p.v)
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " with " + strings.Join(parts, " ")
+}
+
+// confirm asks question on the terminal and returns nil for a yes, or an error wrapping errRefused:
+// for a no, and when stdin is not a terminal (a script must say --yes).
+func (a *app) confirm(question string) error {
+	if !term.IsTerminal(int(a.stdin.Fd())) {
+		return fmt.Errorf("%w: this asks for confirmation and stdin is not a terminal: add --yes", errRefused)
+	}
+	return askYesNo(a.stdin, a.stderr, question)
+}
+
+// askYesNo writes question with a [y/N] prompt to out and reads the answer from in: nil for y or
+// yes, an error wrapping errRefused otherwise.
+func askYesNo(in io.Reader, out io.Writer, question string) error {
+	fmt.Fprintf(out, "%s [y/N] ", question)
+	answer, err := bufio.NewReader(in).ReadString('\n')
+	if err != nil && answer == "" {
+		return fmt.Errorf("%w: no answer", errRefused)
+	}
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return fmt.Errorf("%w: not confirmed", errRefused)
+}

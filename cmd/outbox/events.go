@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gorm-outbox/outboxplugin"
+)
+
+func init() { register(newEventsCmd) }
+
+// eventJSON is the JSON form of outboxplugin.EventInfo.
+type eventJSON struct {
+	ID            int64             `json:"id"`
+	MessageID     string            `json:"message_id"`
+	EventType     string            `json:"event_type"`
+	AggregateType string            `json:"aggregate_type"`
+	AggregateID   string            `json:"aggregate_id"`
+	State         string            `json:"state"`
+	Attempts      int               `json:"attempts"`
+	LastError     string            `json:"last_error,omitempty"`
+	CreatedAt     time.Time         `json:"created_at"`
+	NextAttemptAt *time.Time        `json:"next_attempt_at,omitempty"`
+	ProcessedAt   *time.Time        `json:"processed_at,omitempty"`
+	DeadAt        *time.Time        `json:"dead_at,omitempty"`
+	LockedBy      string            `json:"locked_by,omitempty"`
+	LockedUntil   *time.Time        `json:"locked_until,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Payload       json.RawMessage   `json:"payload,omitempty"`
+}
+
+func toEventJSON(e outboxplugin.EventInfo, withPayload bool) eventJSON {
+	out := eventJSON{
+		ID: e.ID, MessageID: e.MessageID, EventType: e.EventType, AggregateType: e.AggregateType,
+		AggregateID: e.AggregateID, State: string(e.State), Attempts: e.Attempts, LastError: e.LastError,
+		CreatedAt: e.CreatedAt, NextAttemptAt: e.NextAttemptAt, ProcessedAt: e.ProcessedAt, DeadAt: e.DeadAt,
+		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, Headers: e.Headers,
+	}
+	if withPayload && json.Valid(e.Payload) {
+		out.Payload = e.Payload
+	}
+	return out
+}
+
+func newEventsCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "List events, or show one",
+		Args:  noArgs,
+	}
+	cmd.AddCommand(newEventsListCmd(a), newEventsShowCmd(a))
+	return cmd
+}
+
+func newEventsListCmd(a *app) *cobra.Command {
+	var (
+		ff     filterFlags
+		state  string
+		limit  int
+		cursor string
+		oldest bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List events, newest first, one page at a time",
+		Long: `list prints one page of the events the filter selects, newest first (--oldest: oldest first).
+When there are more, it prints the cursor of the next page (on stderr in text, as "next_cursor" in
+JSON): pass it back with --cursor and the same filter and --oldest.
+
+States: due, leased, waiting, dead, processed; pending (due, leased and waiting); all (the default).
+A --type or aggregate filter among many processed events reads far: bound it with --since/--until.`,
+		Example: `  outbox events list --db shop.db --state dead --type OrderPlaced
+  outbox events list --db shop.db --since 2h --limit 100 --json
+  outbox events list --db shop.db --cursor 1767369600000000000.42`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			f, err := ff.filter(time.Now())
+			if err != nil {
+				return err
+			}
+			if f.State, err = outboxplugin.ParseEventState(state); err != nil {
+				return err
+			}
+			f.Limit, f.Cursor, f.Oldest = limit, cursor, oldest
+			adm, closeDB, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			page, err := adm.ListEvents(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				out := struct {
+					Events     []eventJSON `json:"events"`
+					NextCursor string      `json:"next_cursor"`
+				}{Events: []eventJSON{}, NextCursor: page.Next}
+				for _, e := range page.Events {
+					out.Events = append(out.Events, toEventJSON(e, false))
+				}
+				return a.printJSON(out)
+			}
+			return a.printEventList(page)
+		}),
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&state, "state", "", "only events in this state: due, leased, waiting, dead, processed, pending or all")
+	ff.register(fs)
+	fs.IntVar(&limit, "limit", 50, "events per page, 1..1000")
+	fs.StringVar(&cursor, "cursor", "", "continue after the page that printed this cursor")
+	fs.BoolVar(&oldest, "oldest", false, "oldest events first")
+	return cmd
+}
+
+func (a *app) printEventList(page outboxplugin.Page) error {
+	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MESSAGE ID\tTYPE\tAGGREGATE\tSTATE\tATTEMPTS\tCREATED\tLAST ERROR")
+	for _, e := range page.Events {
+		agg := "-"
+		if e.AggregateType != "" || e.AggregateID != "" {
+			agg = e.AggregateType + "/" + e.AggregateID
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.MessageID, e.EventType, agg, e.State, e.Attempts,
+			e.CreatedAt.UTC().Format(time.RFC3339), oneLine(e.LastError, 60))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		fmt.Fprintf(a.stderr, "more events: add --cursor %s (with the same filter) for the next page\n", page.Next)
+	}
+	return nil
+}
+
+// oneLine shortens s to one line of at most n runes.
+func oneLine(s string, n int) string {
+	r := []rune(s)
+	for i, c := range r {
+		if c == '\n' || c == '\r' {
+			r = append(r[:i:i], '…')
+			break
+		}
+	}
+	if len(r) > n {
+		r = append(r[:n-1:n-1], '…')
+	}
+	return string(r)
+}
+
+func newEventsShowCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show MESSAGE_ID",
+		Short: "Show one event: payload, headers, attempts, last error, timestamps, state",
+		Long: `show prints the event with the message id, with its payload (pretty-printed JSON), headers,
+attempts, last error, timestamps and state. A message id that is not in the table exits with 3.`,
+		Example: `  outbox events show --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12
+  outbox events show --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12 --json | jq .payload`,
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usagef("events show takes one MESSAGE_ID, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: a.runE(func(cmd *cobra.Command, args []string) error {
+			adm, closeDB, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			e, err := adm.Event(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(toEventJSON(e, true))
+			}
+			return a.printEvent(e)
+		}),
+	}
+}
+
+func (a *app) printEvent(e outboxplugin.EventInfo) error {
+	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
+	at := func(t *time.Time) string {
+		if t == nil {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	row("message id", e.MessageID)
+	row("id", fmt.Sprint(e.ID))
+	row("type", e.EventType)
+	row("aggregate", e.AggregateType+"/"+e.AggregateID)
+	row("state", string(e.State))
+	row("attempts", fmt.Sprint(e.Attempts))
+	row("created", at(&e.CreatedAt))
+	row("next attempt", at(e.NextAttemptAt))
+	row("processed", at(e.ProcessedAt))
+	row("dead", at(e.DeadAt))
+	if e.LockedBy != "" || e.LockedUntil != nil {
+		row("leased by", e.LockedBy+" until "+at(e.LockedUntil))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(a.stdout, "\nlast error:")
+	if e.LastError == "" {
+		fmt.Fprintln(a.stdout, "  -")
+	} else {
+		fmt.Fprintln(a.stdout, "  "+e.LastError)
+	}
+	fmt.Fprintln(a.stdout, "\nheaders:")
+	if len(e.Headers) == 0 {
+		fmt.Fprintln(a.stdout, "  -")
+	}
+	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+		fmt.Fprintf(a.stdout, "  %s: %s\n", k, e.Headers[k])
+	}
+	fmt.Fprintln(a.stdout, "\npayload:")
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, e.Payload, "", "  "); err != nil {
+		pretty.Reset()
+		pretty.Write(e.Payload) // not JSON (written by hand): as stored
+	}
+	_, err := fmt.Fprintln(a.stdout, pretty.String())
+	return err
+}

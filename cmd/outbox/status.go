@@ -1,0 +1,113 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gorm-outbox/outboxplugin"
+)
+
+func init() { register(newStatusCmd) }
+
+// statsJSON is the JSON form of outboxplugin.Stats.
+type statsJSON struct {
+	Table                string          `json:"table"`
+	At                   time.Time       `json:"at"`
+	Pending              int64           `json:"pending"`
+	Due                  int64           `json:"due"`
+	Leased               int64           `json:"leased"`
+	Waiting              int64           `json:"waiting"`
+	Dead                 int64           `json:"dead"`
+	Processed            int64           `json:"processed"`
+	ProcessedApproximate bool            `json:"processed_approximate"`
+	OldestPending        *time.Time      `json:"oldest_pending"`
+	OldestPendingSeconds float64         `json:"oldest_pending_age_seconds"`
+	ByType               []typeStatsJSON `json:"by_type"`
+}
+
+type typeStatsJSON struct {
+	EventType string `json:"event_type"`
+	Pending   int64  `json:"pending"`
+	Dead      int64  `json:"dead"`
+}
+
+func newStatusCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Count the outbox's events by state and by type",
+		Long: `status counts the outbox table's events: pending (due, leased, waiting for a retry), dead and
+processed, per event type, and the age of the oldest pending event (how far behind the relay is).
+
+The processed count is exact up to 10000 rows; above that it is the database's estimate, and the
+output says so ("~" in text, "processed_approximate": true in JSON).`,
+		Example: `  outbox status --db postgres://app@db.internal/shop
+  outbox status --db shop.db --json`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			adm, closeDB, err := a.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer closeDB()
+			st, err := adm.Stats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(toStatsJSON(a.table, st))
+			}
+			return a.printStats(st)
+		}),
+	}
+}
+
+func toStatsJSON(table string, st outboxplugin.Stats) statsJSON {
+	out := statsJSON{
+		Table: table, At: st.At, Pending: st.Pending, Due: st.Due, Leased: st.Leased, Waiting: st.Waiting,
+		Dead: st.Dead, Processed: st.Processed, ProcessedApproximate: st.ProcessedApproximate,
+		OldestPendingSeconds: st.OldestPendingAge.Seconds(), ByType: []typeStatsJSON{},
+	}
+	if !st.OldestPending.IsZero() {
+		out.OldestPending = &st.OldestPending
+	}
+	for _, t := range st.ByType {
+		out.ByType = append(out.ByType, typeStatsJSON(t))
+	}
+	return out
+}
+
+func (a *app) printStats(st outboxplugin.Stats) error {
+	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	processed := fmt.Sprint(st.Processed)
+	if st.ProcessedApproximate {
+		processed = "~" + processed + "\t(approximate: the database's estimate)"
+	}
+	oldest := "-"
+	if !st.OldestPending.IsZero() {
+		oldest = fmt.Sprintf("%s\t(%s ago)", st.OldestPending.UTC().Format(time.RFC3339), st.OldestPendingAge.Round(time.Second))
+	}
+	fmt.Fprintf(w, "table\t%s\n", a.table)
+	fmt.Fprintf(w, "pending\t%d\n", st.Pending)
+	fmt.Fprintf(w, "  due\t%d\n", st.Due)
+	fmt.Fprintf(w, "  leased\t%d\n", st.Leased)
+	fmt.Fprintf(w, "  waiting\t%d\n", st.Waiting)
+	fmt.Fprintf(w, "dead\t%d\n", st.Dead)
+	fmt.Fprintf(w, "processed\t%s\n", processed)
+	fmt.Fprintf(w, "oldest pending\t%s\n", oldest)
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(st.ByType) == 0 {
+		return nil
+	}
+	fmt.Fprintln(a.stdout)
+	w = tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "EVENT TYPE\tPENDING\tDEAD")
+	for _, t := range st.ByType {
+		fmt.Fprintf(w, "%s\t%d\t%d\n", t.EventType, t.Pending, t.Dead)
+	}
+	return w.Flush()
+}
