@@ -1,0 +1,393 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/spf13/cobra"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outboxplugin"
+	outboxotel "github.com/gorm-outbox/outboxplugin/otel"
+	outboxrabbitmq "github.com/gorm-outbox/outboxplugin/publishers/rabbitmq"
+)
+
+func init() { register(newRelayCmd) }
+
+// relayFlags are the relay command's own flags. A zero value of a worker option means the core's
+// default: the command passes only what was set.
+type relayFlags struct {
+	broker        string
+	subjectPrefix string
+	stream        string
+	topic         string
+	exchange      string
+	workers       int
+
+	batchSize       int
+	pollInterval    time.Duration
+	publishTimeout  time.Duration
+	lease           time.Duration
+	maxAttempts     int
+	keyOrdering     bool
+	deleteOnPublish bool
+	cleanupEvery    time.Duration
+	retention       time.Duration
+	withoutListen   bool
+
+	http      string
+	logFormat string
+	logLevel  string
+}
+
+// The first connection to the database is retried with a backoff growing from connectBackoffMin
+// to connectBackoffMax; each ping may take connectPingTimeout.
+const (
+	connectBackoffMin  = 250 * time.Millisecond
+	connectBackoffMax  = 10 * time.Second
+	connectPingTimeout = 5 * time.Second
+	httpShutdownWait   = 5 * time.Second
+)
+
+const relayLong = `relay runs workers that publish the events of the outbox table to a broker, until SIGTERM or
+SIGINT. The broker is chosen by the scheme of --broker:
+  nats://host:4222[,nats://host2:4222]   NATS JetStream; each event goes to the subject
+                                        <subject-prefix>.<aggregate>.<event>, which a stream must
+                                        capture; --stream makes the server store it only in that stream
+  kafka://host:9092[,host:9092]         Kafka (franz-go, acks by all in-sync replicas, idempotent); each
+                                        event goes to outbox.<aggregate>, or to --topic; no SASL yet
+  amqp://user:pass@host:5672/vhost      RabbitMQ (publisher confirms); each event goes to the topic
+  amqps://...                           exchange --exchange with the routing key <aggregate>.<event>,
+                                        mandatory: a queue must be bound to receive it
+  redis://[user:pass@]host:6379/0       Redis Streams (XADD); --stream names the one stream key of all
+                                        events (default outbox:<aggregate>)
+
+Several relays (replicas) may run on one table: each event is leased by one worker at a time.
+The first connection to the database (and to RabbitMQ) is retried with backoff until it succeeds;
+NATS, Kafka and Redis down at start-up are connected to in the background. /readyz says whether the
+database and the broker answer.
+
+On SIGTERM or SIGINT the workers finish or hand back the batch in flight (within --publish-timeout)
+and the command exits 0.
+
+--http serves /metrics (Prometheus text: the metrics of github.com/gorm-outbox/outboxplugin/otel),
+/healthz (200 while the process runs) and /readyz (200 when the database answers a ping and the
+broker is connected, else 503 with a JSON reason).
+
+The worker options left at 0 (or unset) take the defaults of the core package, shown in each flag.
+Credentials in --db and --broker never appear in the logs, errors or HTTP responses.`
+
+func newRelayCmd(a *app) *cobra.Command {
+	var f relayFlags
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Publish the outbox's events to a broker (NATS JetStream, Kafka, RabbitMQ, Redis Streams)",
+		Long:  relayLong,
+		Example: `  outbox relay --db postgres://app@db.internal/shop --broker nats://nats:4222 --workers 2
+  OUTBOX_DB_FILE=/run/secrets/dsn OUTBOX_BROKER=redis://redis:6379/0 outbox relay --log-format json`,
+		Args: noArgs,
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error { return a.relay(cmd.Context(), &f) }),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.broker, "broker", "", "the broker URL: nats://, kafka://, amqp:// or redis:// (see above)")
+	fl.StringVar(&f.subjectPrefix, "subject-prefix", "outbox", "NATS: the first tokens of every subject")
+	fl.StringVar(&f.stream, "stream", "", "NATS: the stream that must store the messages (Nats-Expected-Stream); Redis: the stream key of every event (default outbox:<aggregate>)")
+	fl.StringVar(&f.topic, "topic", "", "Kafka: the topic of every event (default outbox.<aggregate>)")
+	fl.StringVar(&f.exchange, "exchange", outboxrabbitmq.DefaultExchange, "RabbitMQ: the topic exchange the events are published to (declared durable), routing key <aggregate>.<event>")
+	fl.IntVar(&f.workers, "workers", 1, "workers in this process, at least 1")
+
+	fl.IntVar(&f.batchSize, "batch-size", 0, fmt.Sprintf("events claimed per batch, 1..10000 (0: %d, %d on MySQL)", outboxplugin.DefaultBatchSize, outboxplugin.DefaultMySQLBatchSize))
+	fl.DurationVar(&f.pollInterval, "poll-interval", 0, fmt.Sprintf("wait after a batch that was not full (0: %v)", outboxplugin.DefaultPollInterval))
+	fl.DurationVar(&f.publishTimeout, "publish-timeout", 0, fmt.Sprintf("bound of each publish, and of the shutdown (0: %v)", outboxplugin.DefaultPublishTimeout))
+	fl.DurationVar(&f.lease, "lease", 0, fmt.Sprintf("how long a claimed event stays reserved without renewal, at least %v (0: %v)", outboxplugin.MinLease, outboxplugin.DefaultLease))
+	fl.IntVar(&f.maxAttempts, "max-attempts", 0, fmt.Sprintf("deliveries of an event before it is dead (0: %d)", outboxplugin.DefaultMaxAttempts))
+	fl.BoolVar(&f.keyOrdering, "key-ordering", false, "publish the events of one aggregate strictly in order")
+	fl.BoolVar(&f.deleteOnPublish, "delete-on-publish", false, "delete events once published instead of marking them processed")
+	fl.DurationVar(&f.cleanupEvery, "cleanup-every", 0, "delete processed events older than --retention this often (0: no cleanup)")
+	fl.DurationVar(&f.retention, "retention", 0, fmt.Sprintf("how long the cleanup keeps processed events (0: %v)", outboxplugin.DefaultRetention))
+	fl.BoolVar(&f.withoutListen, "without-listen", false, "PostgreSQL: poll only, without LISTEN (for PgBouncer in transaction mode)")
+
+	fl.StringVar(&f.http, "http", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz (empty: no HTTP server)")
+	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+// workerOptions returns the options of the flags that were set, and refuses negative values (the
+// core refuses the rest).
+func (f *relayFlags) workerOptions(table string) ([]outboxplugin.WorkerOption, error) {
+	if f.workers < 1 {
+		return nil, usagef("--workers %d: want at least 1", f.workers)
+	}
+	for name, v := range map[string]time.Duration{"--poll-interval": f.pollInterval, "--publish-timeout": f.publishTimeout,
+		"--lease": f.lease, "--cleanup-every": f.cleanupEvery, "--retention": f.retention} {
+		if v < 0 {
+			return nil, usagef("%s %v: negative", name, v)
+		}
+	}
+	if f.batchSize < 0 || f.maxAttempts < 0 {
+		return nil, usagef("--batch-size and --max-attempts cannot be negative")
+	}
+	opts := []outboxplugin.WorkerOption{outboxplugin.WithTable(table)}
+	add := func(set bool, o outboxplugin.WorkerOption) {
+		if set {
+			opts = append(opts, o)
+		}
+	}
+	add(f.batchSize != 0, outboxplugin.WithBatchSize(f.batchSize))
+	add(f.pollInterval != 0, outboxplugin.WithPollInterval(f.pollInterval))
+	add(f.publishTimeout != 0, outboxplugin.WithPublishTimeout(f.publishTimeout))
+	add(f.lease != 0, outboxplugin.WithLease(f.lease))
+	add(f.maxAttempts != 0, outboxplugin.WithMaxAttempts(f.maxAttempts))
+	add(f.keyOrdering, outboxplugin.WithKeyOrdering())
+	add(f.deleteOnPublish, outboxplugin.WithDeleteOnPublish())
+	add(f.cleanupEvery != 0, outboxplugin.WithCleanup(f.cleanupEvery))
+	add(f.retention != 0, outboxplugin.WithRetention(f.retention))
+	add(f.withoutListen, outboxplugin.WithoutListen())
+	return opts, nil
+}
+
+// newLogger returns the logger of --log-format and --log-level, writing to w.
+func (f *relayFlags) newLogger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", f.logLevel)
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(f.logFormat) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, hopts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, hopts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", f.logFormat)
+}
+
+// relayRedactor redacts what the relay prints: the app's redaction (the DSN) and the broker URL's
+// passwords.
+type relayRedactor struct {
+	a       *app
+	secrets []string
+}
+
+func (r relayRedactor) redact(text string) string {
+	for _, s := range r.secrets {
+		text = strings.ReplaceAll(text, s, redacted)
+	}
+	return r.a.redact(text)
+}
+
+// Write writes p to stderr, redacted; a log handler writes one record per call.
+func (r relayRedactor) Write(p []byte) (int, error) {
+	if _, err := r.a.stderr.WriteString(r.redact(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// redactedError is an error whose message has been redacted, keeping the error it wraps for exit
+// codes.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e redactedError) Error() string { return e.msg }
+func (e redactedError) Unwrap() error { return e.err }
+
+func (a *app) relay(ctx context.Context, f *relayFlags) error {
+	r := relayRedactor{a: a, secrets: brokerPasswords(f.broker)}
+	err := a.runRelay(ctx, f, r)
+	if err != nil {
+		return redactedError{msg: r.redact(err.Error()), err: err}
+	}
+	return nil
+}
+
+func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) error {
+	// Every usage error first, before anything is opened.
+	log, err := f.newLogger(r)
+	if err != nil {
+		return err
+	}
+	opts, err := f.workerOptions(a.table)
+	if err != nil {
+		return err
+	}
+	scheme, err := brokerScheme(f.broker)
+	if err != nil {
+		return err
+	}
+	if scheme == schemeNATS {
+		if err := validateSubjectPrefix(f.subjectPrefix); err != nil {
+			return err
+		}
+	}
+	if (scheme == schemeAMQP || scheme == schemeAMQPS) && f.exchange == "" {
+		return usagef("--exchange: empty (the AMQP default exchange does not route by topic)")
+	}
+	dsn, err := a.readDSN()
+	if err != nil {
+		return err
+	}
+	kind, driverDSN, err := parseDSN(dsn)
+	if err != nil {
+		return err
+	}
+
+	mp, metrics, err := newMetrics()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	obs, err := outboxotel.NewObserver(outboxotel.WithMeterProvider(mp), outboxotel.WithMessagingSystem(scheme))
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+
+	var ready readiness
+	var wg sync.WaitGroup
+	httpErr := make(chan error, 1)
+	if f.http != "" {
+		hs, err := listenHealth(f.http, metrics, &ready, log)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			httpErr <- hs.serve()
+		}()
+		defer func() {
+			hs.shutdown(httpShutdownWait)
+			wg.Wait()
+		}()
+		log.Info("serving /metrics, /healthz and /readyz", "addr", hs.ln.Addr().String())
+	}
+
+	db, err := connectDB(ctx, kind, driverDSN, r, log)
+	if err != nil {
+		return err
+	}
+	if db == nil {
+		log.Info("stopped before the database answered")
+		return nil
+	}
+	defer closeDB(db)
+	ready.db.Store(db)
+
+	b, err := openBroker(ctx, scheme, brokerConfig{url: f.broker, subjectPrefix: f.subjectPrefix, stream: f.stream,
+		topic: f.topic, exchange: f.exchange}, log)
+	if err != nil {
+		return err
+	}
+	if b == nil {
+		log.Info("stopped before the broker answered")
+		return nil
+	}
+	defer b.close()
+	ready.broker.Store(b)
+
+	opts = append(opts, outboxplugin.WithLogger(log), outboxplugin.WithObserver(obs))
+	workers := make([]*outboxplugin.Worker, f.workers)
+	for i := range workers {
+		if workers[i], err = outboxplugin.NewWorker(db, b.pub, opts...); err != nil {
+			if errors.Is(err, outboxplugin.ErrInvalidOption) {
+				return usageError{err}
+			}
+			return err
+		}
+	}
+	log.Info("relay started", "workers", f.workers, "broker", scheme, "table", a.table)
+	return runWorkers(ctx, workers, httpErr, log)
+}
+
+// runWorkers runs the workers until ctx ends, or until one of them or the HTTP server fails, which
+// stops the others; it returns once every worker has returned.
+func runWorkers(ctx context.Context, workers []*outboxplugin.Worker, httpErr <-chan error, log *slog.Logger) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			if err := w.Run(ctx); err != nil {
+				cancel(fmt.Errorf("worker %s: %w", w.Owner(), err))
+			}
+		})
+	}
+	go func() {
+		select {
+		case err := <-httpErr:
+			if err != nil {
+				cancel(err)
+			}
+		case <-ctx.Done():
+		}
+	}()
+	<-ctx.Done()
+	cause := context.Cause(ctx)
+	if errors.Is(cause, context.Canceled) {
+		log.Info("stopping: handing back the batches in flight")
+	} else {
+		log.Error("stopping the other workers", "error", cause)
+	}
+	wg.Wait()
+	if !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	log.Info("relay stopped")
+	return nil
+}
+
+// connectDB opens the database and pings it until it answers, with a growing pause between tries;
+// it returns nil and no error when ctx ends first. GORM's logging is off (its messages quote SQL and
+// driver errors).
+func connectDB(ctx context.Context, kind, driverDSN string, r relayRedactor, log *slog.Logger) (*gorm.DB, error) {
+	if kind == kindMySQL {
+		_ = mysql.SetLogger(mysqlLogger(r))
+	}
+	db, err := gorm.Open(dialector(kind, driverDSN, nil), &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true})
+	if err != nil {
+		return nil, fmt.Errorf("open the %s database: %w", kind, err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open the %s database: %w", kind, err)
+	}
+	backoff := connectBackoffMin
+	for try := 1; ; try++ {
+		pctx, cancel := context.WithTimeout(ctx, connectPingTimeout)
+		err := sqlDB.PingContext(pctx)
+		cancel()
+		if err == nil {
+			if try > 1 {
+				log.Info("connected to the database", "tries", try)
+			}
+			return db, nil
+		}
+		if ctx.Err() != nil {
+			closeDB(db)
+			return nil, nil
+		}
+		log.Warn("database not reachable, retrying", "database", kind, "try", try, "retry_in", backoff.String(), "error", err)
+		select {
+		case <-ctx.Done():
+			closeDB(db)
+			return nil, nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, connectBackoffMax)
+	}
+}
+
+// mysqlLogger is the go-sql-driver logger of the relay: it logs some connection errors itself.
+func mysqlLogger(w io.Writer) mysql.Logger { return log.New(w, "[mysql] ", log.LstdFlags) }
