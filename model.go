@@ -216,11 +216,10 @@ var pgStorageOptions = []struct{ name, value string }{
 	{"autovacuum_vacuum_threshold", "10000"},
 }
 
-// errOutboxTableMissing: setStorageOptions found no table of that name.
-var errOutboxTableMissing = errors.New("no such outbox table")
-
 // missingStorageOptions returns the pgStorageOptions a PostgreSQL table has no value for ("name =
-// value"), or errOutboxTableMissing; nothing on other databases.
+// value"); nothing on other databases. A table it cannot see has none of them: AutoMigrate has just
+// created it, or (in the outbox command's dry run) would have, and the ALTER TABLE that follows either
+// sets them or fails naming the missing table.
 func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
 	if db.Dialector.Name() != "postgres" {
 		return nil, nil
@@ -235,12 +234,9 @@ func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read storage options: %w", err)
 	}
-	if !found.Exists {
-		return nil, fmt.Errorf("%w: %s", errOutboxTableMissing, table)
-	}
 	var set []string
 	for _, o := range pgStorageOptions {
-		if !strings.Contains(","+found.Options, ","+o.name+"=") {
+		if !found.Exists || !strings.Contains(","+found.Options, ","+o.name+"=") {
 			set = append(set, o.name+" = "+o.value)
 		}
 	}

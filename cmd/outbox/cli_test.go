@@ -22,6 +22,14 @@ func TestMigrate(t *testing.T) {
 		if !strings.Contains(r.stdout, "CREATE TABLE") || !strings.Contains(r.stdout, "idx_outbox_events_claim") {
 			t.Errorf("dry run of a new table prints no CREATE TABLE and claim index:\n%s", r.stdout)
 		}
+		// The whole migration, down to what follows the CREATE TABLE: the storage settings on
+		// PostgreSQL, the dead index where partial indexes exist.
+		if d.name == "postgres" && !strings.Contains(r.stdout, "SET (fillfactor = 50") {
+			t.Errorf("dry run of a new PostgreSQL table prints no storage settings:\n%s", r.stdout)
+		}
+		if d.name != "mysql" && !strings.Contains(r.stdout, "idx_outbox_events_dead") {
+			t.Errorf("dry run of a new table prints no dead index:\n%s", r.stdout)
+		}
 		var dry struct {
 			DryRun     bool     `json:"dry_run"`
 			Statements []string `json:"statements"`

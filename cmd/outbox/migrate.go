@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"gorm.io/gorm"
@@ -74,32 +73,19 @@ func (a *app) migrateDryRun(ctx context.Context, db *gorm.DB, opts []outboxplugi
 	if err != nil {
 		return fmt.Errorf("open the dry run: %w", err)
 	}
-	existed := dry.Migrator().HasTable(a.table)
-	err = outboxplugin.AutoMigrate(dry.WithContext(ctx).Table(a.table), opts...)
-	var incomplete bool
-	if err != nil {
-		// On PostgreSQL AutoMigrate reads the storage settings of the table it has just created, which a
-		// dry run did not create. Everything up to there is recorded.
-		if existed || db.Dialector.Name() != "postgres" || !strings.Contains(err.Error(), "no such outbox table") {
-			return err
-		}
-		incomplete = true
+	if err := outboxplugin.AutoMigrate(dry.WithContext(ctx).Table(a.table), opts...); err != nil {
+		return err
 	}
 	statements := make([]string, len(rec.statements))
 	for i, s := range rec.statements {
 		statements[i] = dry.Dialector.Explain(s.query, s.args...)
 	}
-	const note = "the table does not exist: AutoMigrate would go on to set its storage options and create its dead index, which a dry run cannot show"
 	if a.json {
 		out := struct {
 			Table      string   `json:"table"`
 			DryRun     bool     `json:"dry_run"`
 			Statements []string `json:"statements"`
-			Note       string   `json:"note,omitempty"`
 		}{Table: a.table, DryRun: true, Statements: statements}
-		if incomplete {
-			out.Note = note
-		}
 		return a.printJSON(out)
 	}
 	if len(statements) == 0 {
@@ -107,9 +93,6 @@ func (a *app) migrateDryRun(ctx context.Context, db *gorm.DB, opts []outboxplugi
 	}
 	for _, s := range statements {
 		fmt.Fprintln(a.stdout, s+";")
-	}
-	if incomplete {
-		fmt.Fprintln(a.stdout, "-- "+note)
 	}
 	return nil
 }
