@@ -276,7 +276,7 @@ func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, 
 		// last VACUUM or ANALYZE (autovacuum keeps it close). -1: never measured.
 		var est sql.NullFloat64
 		err := a.q.db.QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`,
-			pgIndexRef(a.table, a.db.NamingStrategy.IndexName(a.table, "processed_created_at"))).Scan(&est)
+			pgIndexRef(a.table, gormIndexName(a.db, a.table, "processed_created_at"))).Scan(&est)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, false, err
 		}

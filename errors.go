@@ -8,9 +8,10 @@ var (
 	// ErrInvalidOption is returned by db.Use when an option is out of range.
 	ErrInvalidOption = errors.New("invalid option")
 
-	// ErrInvalidTableName is returned by db.Use when WithTableName, and by the worker's methods when
-	// WithTable, is not a plain SQL identifier (letters, digits and underscores, not starting with a
-	// digit, optionally schema-qualified). It comes wrapped together with ErrInvalidOption.
+	// ErrInvalidTableName is returned by db.Use when WithTableName, by the worker's methods when
+	// WithTable, by NewAdmin when WithAdminTable, and by AutoMigrate when db.Table's name, is not a plain
+	// SQL identifier (letters, digits and underscores, not starting with a digit, optionally
+	// schema-qualified). From the options it comes wrapped together with ErrInvalidOption.
 	ErrInvalidTableName = errors.New("invalid outbox table name")
 
 	// ErrEmptyEventType is returned when an event would have no type.

@@ -33,7 +33,8 @@ func WithKeyOrderingIndex() MigrateOption {
 // WHERE dead_at IS NOT NULL that the Admin reads (a plain db.AutoMigrate does not: the Admin then
 // reads dead events without an index). With WithKeyOrderingIndex it also creates the per-key ordering
 // index. On PostgreSQL the indexes it adds to an existing table are built CONCURRENTLY, so that a live
-// table's writes are not held up, and an INVALID index a failed build left behind is replaced.
+// table's writes are not held up, and an INVALID index a failed build left behind is replaced. A table
+// name that WithTableName would refuse is refused with ErrInvalidTableName, before anything is run.
 func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	var cfg migrateConfig
 	for _, o := range opts {
@@ -45,11 +46,15 @@ func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	if p := pluginOf(db); p != nil {
 		table = p.cfg.table
 	}
-	if db.Statement != nil && db.Statement.Table != "" {
-		table = db.Statement.Table // AutoMigrate(db.Table("events"))
+	if db.Statement != nil && db.Statement.TableExpr != nil {
+		named, err := tableOfStatement(db)
+		if err != nil {
+			return err
+		}
+		table = named // AutoMigrate(db.Table("events")), AutoMigrate(db.Table("audit.events"))
 	}
-	db = db.Session(&gorm.Session{NewDB: true})
 	fail := func(err error) error { return fmt.Errorf("outboxplugin: migrate %s: %w", table, err) }
+	db = db.Session(&gorm.Session{NewDB: true})
 	if db.Dialector.Name() == "postgres" && db.Migrator().HasTable(table) {
 		// An existing table of an earlier version: build the claim index without holding up the
 		// application's writes, before GORM's AutoMigrate would build it with a plain CREATE INDEX.
@@ -83,15 +88,38 @@ func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	return nil
 }
 
+// tableOfStatement is the table db.Table(name) named, schema included: GORM keeps only the part after
+// the dot in Statement.Table, and the whole name, quoted, in Statement.TableExpr. A name that
+// WithTableName would refuse (an expression, an alias, a quote inside) is refused with
+// ErrInvalidTableName: it would be written into the index statements as it is.
+func tableOfStatement(db *gorm.DB) (string, error) {
+	expr := db.Statement.TableExpr
+	name := strings.NewReplacer(`"`, "", "`", "").Replace(expr.SQL)
+	if len(expr.Vars) > 0 || !identifierRE.MatchString(name) || (&gorm.Statement{DB: db}).Quote(name) != expr.SQL {
+		return "", fmt.Errorf("outboxplugin: migrate %q: %w", expr.SQL, ErrInvalidTableName)
+	}
+	return name, nil
+}
+
 // keyIndexName is the name of the per-key ordering index of table.
 func keyIndexName(table string) string {
 	return "idx_" + strings.ReplaceAll(table, ".", "_") + "_key_pending"
 }
 
+// gormIndexName is the name GORM gives OutboxEvent's index named in its tags on table. GORM names an
+// index after the table without its schema: db.Table("audit.events") keeps "events" in
+// Statement.Table, and the claim index of audit.events is idx_events_claim (in schema audit).
+func gormIndexName(db *gorm.DB, table, index string) string {
+	if i := strings.LastIndex(table, "."); i >= 0 {
+		table = table[i+1:]
+	}
+	return db.NamingStrategy.IndexName(table, index)
+}
+
 // claimIndexName is the name GORM gives table's claim index (OutboxEvent's "claim" composite), and
 // legacyPendingIndexName the name of the pending index (created_at, id) that earlier versions declared.
 func claimIndexName(db *gorm.DB, table string) string {
-	return db.NamingStrategy.IndexName(table, "claim")
+	return gormIndexName(db, table, "claim")
 }
 
 // deadIndexName is the name of the dead index AutoMigrate creates on PostgreSQL and SQLite.
@@ -100,7 +128,7 @@ func deadIndexName(db *gorm.DB, table string) string {
 }
 
 func legacyPendingIndexName(db *gorm.DB, table string) string {
-	return db.NamingStrategy.IndexName(table, "pending")
+	return gormIndexName(db, table, "pending")
 }
 
 // claimIndexColumns and claimIndexWhere are the claim index as OutboxEvent's tags declare it; on

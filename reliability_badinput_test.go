@@ -429,8 +429,8 @@ var injectionNames = []string{
 	"",
 }
 
-// An outbox table name that tries SQL injection is refused by the plugin and by the worker — with
-// ErrInvalidTableName, which is also an ErrInvalidOption — before any SQL runs: the business table
+// An outbox table name that tries SQL injection is refused by the plugin, the worker and AutoMigrate — with
+// ErrInvalidTableName, which is also an ErrInvalidOption but for AutoMigrate — before any SQL runs: the business table
 // and the outbox keep their rows. Names that are valid but need quoting (reserved words) are quoted
 // everywhere the plugin and the worker write them.
 func TestOutboxTableNameInjection(t *testing.T) {
@@ -448,6 +448,10 @@ func TestOutboxTableNameInjection(t *testing.T) {
 				assert.Nil(t, w)
 				assert.ErrorIs(t, err, outboxplugin.ErrInvalidTableName)
 				assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
+
+				if name != "" { // db.Table("") names no table: AutoMigrate takes the default
+					assert.ErrorIs(t, outboxplugin.AutoMigrate(db.Table(name)), outboxplugin.ErrInvalidTableName)
+				}
 			})
 		}
 		assert.True(t, db.Migrator().HasTable(&User{}))
@@ -489,6 +493,53 @@ func TestReservedWordTableName(t *testing.T) {
 		require.NoError(t, err)
 		assert.EqualValues(t, 2, removed)
 	})
+}
+
+// A schema-qualified outbox table on PostgreSQL ("<schema>.events"): AutoMigrate creates it in that
+// schema, whether the name comes from the plugin or from db.Table (where GORM keeps only "events" in
+// Statement.Table), and the plugin, the worker and the Admin all use it, not a table of that name in
+// the search path.
+func TestSchemaQualifiedTableName(t *testing.T) {
+	var d dialect
+	for _, c := range relayDialects() {
+		if c.name == "postgres" {
+			d = c
+		}
+	}
+	require.Equal(t, "postgres", d.name)
+	db := openDB(t, d, nil)
+	schema := fmt.Sprintf("outboxplugin_schema_%d", time.Now().UnixNano())
+	require.NoError(t, db.Exec(`CREATE SCHEMA `+schema).Error)
+	t.Cleanup(func() { _ = db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`).Error })
+	table := schema + ".events"
+	inSchema := func(name string) bool {
+		var n int64
+		require.NoError(t, db.Raw(`SELECT COUNT(*) FROM pg_tables WHERE schemaname = ? AND tablename = ?`, schema, name).Scan(&n).Error)
+		return n == 1
+	}
+
+	require.NoError(t, outboxplugin.AutoMigrate(db.Table(schema+".other")))
+	assert.True(t, inSchema("other"), "AutoMigrate(db.Table(schema.other)) created it in the schema")
+
+	resetTables(t, db, captureModels...)
+	require.NoError(t, db.Use(outboxplugin.New(outboxplugin.WithTableName(table))))
+	require.NoError(t, outboxplugin.AutoMigrate(db))
+	require.True(t, inSchema("events"))
+	require.NoError(t, db.Create(&User{Name: "schema"}).Error)
+	assert.Empty(t, loadEvents(t, db), "nothing in the default table")
+
+	ctx := context.Background()
+	adm, err := outboxplugin.NewAdmin(db, outboxplugin.WithAdminTable(table))
+	require.NoError(t, err)
+	st, err := adm.Stats(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, st.Pending)
+
+	rec := newRecorder()
+	n, err := newWorker(t, db, rec, outboxplugin.WithTable(table)).ProcessOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 1, rec.distinct())
 }
 
 // Options the worker refuses that TestWorkerInvalidOptions does not list, each checked on every

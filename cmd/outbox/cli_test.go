@@ -60,6 +60,22 @@ func TestMigrate(t *testing.T) {
 		if !d.db.Migrator().HasTable("events_b") {
 			t.Error("migrate --table events_b did not create events_b")
 		}
+		// A name that is not a plain identifier is a usage error, and nothing is created.
+		if r := cli(t, nil, nil, "migrate", "--db", d.dsn, "--table", "events; DROP TABLE x"); r.code != exitUsage {
+			t.Errorf("migrate --table with SQL in it: exit %d, want %d\n%s", r.code, exitUsage, r.stderr)
+		}
+		// On PostgreSQL, a table in a schema of its own: created there, not in the search path.
+		if d.name == "postgres" {
+			if err := d.db.Exec(`CREATE SCHEMA audit`).Error; err != nil {
+				t.Fatal(err)
+			}
+			ok(t, "migrate", "--db", d.dsn, "--table", "audit.events")
+			var n int64
+			if err := d.db.Raw(`SELECT COUNT(*) FROM pg_indexes WHERE schemaname = 'audit' AND tablename = 'events' AND indexname = 'idx_events_claim'`).Scan(&n).Error; err != nil || n != 1 {
+				t.Errorf("migrate --table audit.events: claim index in schema audit: %d (%v)", n, err)
+			}
+			ok(t, "status", "--db", d.dsn, "--table", "audit.events")
+		}
 	})
 }
 

@@ -150,7 +150,8 @@ func (a *app) exitCode(err error) int {
 		return exitRefused
 	case errors.Is(err, outboxplugin.ErrEventNotFound):
 		return exitNotFound
-	case errors.As(err, &ue), errors.Is(err, outboxplugin.ErrInvalidFilter), !a.running:
+	case errors.As(err, &ue), errors.Is(err, outboxplugin.ErrInvalidFilter),
+		errors.Is(err, outboxplugin.ErrInvalidTableName), !a.running:
 		return exitUsage
 	}
 	return exitFailed
