@@ -58,7 +58,7 @@ type broker struct {
 // (it may hold a password).
 func brokerScheme(raw string) (string, error) {
 	if raw == "" {
-		return "", usagef("no broker: give --broker (or OUTBOX_BROKER): " + schemesHelp)
+		return "", usagef("no broker: give --broker or --broker-file (or OUTBOX_BROKER, OUTBOX_BROKER_FILE): " + schemesHelp)
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	scheme = strings.ToLower(scheme)

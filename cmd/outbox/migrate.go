@@ -25,8 +25,9 @@ earlier version up to date, with the indexes the relay and these commands need. 
 the indexes of an existing table CONCURRENTLY.
 
 --dry-run prints the statements instead of running them: the database is read (does the table exist,
-which indexes does it have) but nothing is written. On PostgreSQL, for a table that does not exist yet,
-the storage settings and the dead index that follow its creation cannot be shown: a dry run says so.`,
+which indexes does it have) but nothing is written.
+
+--table may be schema-qualified (audit.events): the table is created in that schema.`,
 		Example: `  outbox migrate --db postgres://app@db.internal/shop --dry-run
   outbox migrate --db shop.db --table events --key-ordering-index`,
 		Args: noArgs,

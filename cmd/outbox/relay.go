@@ -7,6 +7,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ func init() { register(newRelayCmd) }
 // default: the command passes only what was set.
 type relayFlags struct {
 	broker        string
+	brokerFile    string
 	subjectPrefix string
 	stream        string
 	topic         string
@@ -84,7 +86,8 @@ and the command exits 0.
 broker is connected, else 503 with a JSON reason).
 
 The worker options left at 0 (or unset) take the defaults of the core package, shown in each flag.
-Credentials in --db and --broker never appear in the logs, errors or HTTP responses.`
+Credentials in --db and --broker never appear in the logs, errors or HTTP responses. For mounted
+secrets, --db-file and --broker-file read the DSN and the broker URL from files.`
 
 func newRelayCmd(a *app) *cobra.Command {
 	var f relayFlags
@@ -99,6 +102,7 @@ func newRelayCmd(a *app) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.broker, "broker", "", "the broker URL: nats://, kafka://, amqp:// or redis:// (see above)")
+	fl.StringVar(&f.brokerFile, "broker-file", "", "a file holding the broker URL, instead of --broker (a mounted secret)")
 	fl.StringVar(&f.subjectPrefix, "subject-prefix", "outbox", "NATS: the first tokens of every subject")
 	fl.StringVar(&f.stream, "stream", "", "NATS: the stream that must store the messages (Nats-Expected-Stream); Redis: the stream key of every event (default outbox:<aggregate>)")
 	fl.StringVar(&f.topic, "topic", "", "Kafka: the topic of every event (default outbox.<aggregate>)")
@@ -120,6 +124,26 @@ func newRelayCmd(a *app) *cobra.Command {
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
+}
+
+// readBroker sets the broker URL from --broker-file when it is given. The file's content is never
+// quoted in an error: it is a secret.
+func (f *relayFlags) readBroker() error {
+	if f.brokerFile == "" {
+		return nil
+	}
+	if f.broker != "" {
+		return usagef("--broker and --broker-file are exclusive: give one")
+	}
+	b, err := os.ReadFile(f.brokerFile)
+	if err != nil {
+		return usagef("--broker-file: %w", err)
+	}
+	f.broker = strings.TrimSpace(string(b))
+	if f.broker == "" {
+		return usagef("--broker-file %s is empty", f.brokerFile)
+	}
+	return nil
 }
 
 // workerOptions returns the options of the flags that were set, and refuses negative values (the
@@ -205,6 +229,9 @@ func (e redactedError) Error() string { return e.msg }
 func (e redactedError) Unwrap() error { return e.err }
 
 func (a *app) relay(ctx context.Context, f *relayFlags) error {
+	if err := f.readBroker(); err != nil {
+		return err
+	}
 	r := relayRedactor{a: a, secrets: brokerPasswords(f.broker)}
 	err := a.runRelay(ctx, f, r)
 	if err != nil {

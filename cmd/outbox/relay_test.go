@@ -550,7 +550,40 @@ func TestRelayCredentialsNeverPrinted(t *testing.T) {
 			}
 		})
 	}
-	r := cli(t, []string{"OUTBOX_BROKER=nats://u:" + password + "@127.0.0.1:1"}, nil, "relay", "--help")
+	// The broker URL from a file: redacted the same way, and its content never quoted by a usage error.
+	brokerFile := filepath.Join(t.TempDir(), "broker")
+	if err := os.WriteFile(brokerFile, []byte("amqp://u:"+password+"@127.0.0.1:1/\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startRelay(t, nil, "relay", "--db", sqlite, "--broker-file", brokerFile, "--http", "")
+	eventually(t, 15*time.Second, "the line retrying", p, func() bool { return strings.Contains(p.stderr.String(), "retrying") })
+	if code := p.stop(t); code != 0 {
+		t.Errorf("--broker-file: exit %d after SIGTERM", code)
+	}
+	if out := p.stdout.String() + p.stderr.String(); strings.Contains(out, password) || !strings.Contains(out, "RabbitMQ") {
+		t.Errorf("--broker-file: the password was printed, or the broker not named:\n%s", out)
+	}
+	for _, args := range [][]string{
+		{"--broker-file", brokerFile, "--broker", "nats://127.0.0.1:1"},
+		{"--broker-file", filepath.Join(t.TempDir(), "missing")},
+	} {
+		r := wantCode(t, exitUsage, append([]string{"relay", "--db", sqlite, "--http", ""}, args...)...)
+		if strings.Contains(r.stdout+r.stderr, password) {
+			t.Errorf("%v: the password was printed: %s", args, r.stderr)
+		}
+	}
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte(" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, exitUsage, "relay", "--db", sqlite, "--http", "", "--broker-file", empty)
+	// The file is taken from OUTBOX_BROKER_FILE too.
+	r := cli(t, []string{"OUTBOX_BROKER_FILE=" + empty}, nil, "relay", "--db", sqlite, "--http", "")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "empty") {
+		t.Errorf("OUTBOX_BROKER_FILE of an empty file: exit %d: %s", r.code, r.stderr)
+	}
+
+	r = cli(t, []string{"OUTBOX_BROKER=nats://u:" + password + "@127.0.0.1:1"}, nil, "relay", "--help")
 	if r.code != 0 || strings.Contains(r.stdout+r.stderr, password) {
 		t.Errorf("relay --help with OUTBOX_BROKER: exit %d, printed the password: %v", r.code, strings.Contains(r.stdout, password))
 	}
