@@ -19,4 +19,7 @@
 //
 // The package uses the OpenTelemetry API only: the application installs the SDK (or passes its
 // providers with WithMeterProvider and WithTracerProvider).
+//
+// Every metric, its unit and its attributes: https://github.com/gorm-outbox/outboxplugin/blob/main/otel/README.md. Alerts and runbooks built on
+// them: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/operations.md.
 package outboxotel

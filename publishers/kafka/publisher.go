@@ -5,6 +5,10 @@
 // says otherwise. A batch is produced asynchronously as a whole and its acknowledgements are awaited
 // together; records Kafka did not acknowledge are reported to the worker by message ID, so that only
 // they are retried.
+//
+// Options, delivery guarantees and measured throughput:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/publishers/kafka/README.md
+// How the publishers compare: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/publishers.md.
 package outboxkafka
 
 import (

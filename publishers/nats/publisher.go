@@ -15,6 +15,10 @@
 //			log.Fatal(err)
 //		}
 //	}()
+//
+// Options, delivery guarantees and measured throughput:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/publishers/nats/README.md
+// How the publishers compare: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/publishers.md.
 package outboxnats
 
 import (

@@ -21,6 +21,10 @@
 //			log.Fatal(err)
 //		}
 //	}()
+//
+// Options, delivery guarantees and measured throughput:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/publishers/rabbitmq/README.md
+// How the publishers compare: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/publishers.md.
 package outboxrabbitmq
 
 import (

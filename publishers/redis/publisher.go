@@ -6,6 +6,10 @@
 // header of Message.HeaderList (the event's own headers, then outbox-id, outbox-event-type, ...).
 // Redis 7 does not de-duplicate stream entries, and delivery is at least once: consumers de-duplicate
 // on the outbox-id field.
+//
+// Options, delivery guarantees and measured throughput:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/publishers/redis/README.md
+// How the publishers compare: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/publishers.md.
 package outboxredis
 
 import (

@@ -6,6 +6,10 @@
 // outboxplugin.Message.HeaderList and whose payload is the event's payload. A batch is grouped by
 // topic, keeping the batch's order within a topic, and each group goes to the backend in one
 // variadic Publish call; the groups run concurrently.
+//
+// Options, delivery guarantees and measured throughput:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/publishers/watermill/README.md
+// How the publishers compare: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/publishers.md.
 package outboxwatermill
 
 import (
