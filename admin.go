@@ -314,6 +314,9 @@ type EventFilter struct {
 	AggregateID   string
 	// MessageID matches one event.
 	MessageID string
+	// LastError matches the error text of the latest failed delivery exactly: one group of
+	// DeadGroups. Only dead and waiting events have one.
+	LastError string
 	// Since and Until bound the creation time: Since <= created_at < Until.
 	Since, Until time.Time
 	// Limit is the page size of ListEvents: 1..1000, 0 for 50. The *Where methods ignore it.
@@ -442,6 +445,9 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		}
 		if f.AggregateType != "" || f.AggregateID != "" {
 			add(`c.aggregate_type = ? AND c.aggregate_id = ?`, f.AggregateType, f.AggregateID)
+		}
+		if f.LastError != "" {
+			add(`c.last_error = ?`, f.LastError)
 		}
 		if g == processedGroup && a.dialect == "postgres" {
 			// The planner drops processed = true from the index conditions of the partial processed

@@ -91,6 +91,11 @@ func BenchmarkAdminAtScale(b *testing.B) {
 					return err
 				}},
 				{"event", func() error { _, err := admin.Event(ctx, one.MessageID); return err }},
+				{"dead-groups", func() error { _, _, err := admin.DeadGroups(ctx, 0); return err }},
+				// The console's chart: 15 one-minute intervals (about 1 000 rows each here), and
+				// 15 one-hour ones, where every interval reaches ActivityIntervalLimit: the worst case.
+				{"activity", func() error { _, err := admin.Activity(ctx, 15, time.Minute); return err }},
+				{"activity-capped", func() error { _, err := admin.Activity(ctx, 15, time.Hour); return err }},
 			}
 			st, err := admin.Stats(ctx)
 			if err != nil {
