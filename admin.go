@@ -333,7 +333,17 @@ type Page struct {
 	Events []EventInfo
 	// Next is the cursor of the next page, or "" when this one is the last.
 	Next string
+	// Partial is true when the page stopped before it was full because the search among processed
+	// events reached MaxProcessedScan rows (see ListEvents): SearchedTo is the creation time it got
+	// to, and Next continues the search from there.
+	Partial    bool
+	SearchedTo time.Time
 }
+
+// MaxProcessedScan bounds how many processed rows one ListEvents call reads to find those matching a
+// filter the processed index does not cover (an event type, an aggregate, an error text): at most
+// this many are read per page, newest (or oldest) first, whatever the table keeps.
+const MaxProcessedScan = 20000
 
 // EventInfo is an event as the Admin shows it.
 type EventInfo struct {
@@ -369,9 +379,10 @@ const (
 
 // ListEvents returns one page of the events f selects, newest first (or oldest first with f.Oldest),
 // in creation order (created_at, then id). Each state's rows are read through their own index, in
-// that order, up to the page; with f.EventType or an aggregate among processed events, the processed
-// index is read newest (or oldest) first until the page is full, so a rare type over many processed
-// rows reads far: bound the search with Since and Until.
+// that order, up to the page. With f.EventType, an aggregate or f.LastError among processed events,
+// which no index holds, the processed index is read newest (or oldest) first for at most
+// MaxProcessedScan rows per call: a page that did not fill within them is Partial, says how far the
+// search got (SearchedTo), and its Next continues from there. Since and Until narrow the search.
 func (a *Admin) ListEvents(ctx context.Context, f EventFilter) (Page, error) {
 	fail := func(err error) (Page, error) {
 		return Page{}, fmt.Errorf("outboxplugin: ListEvents of %s: %w", a.table, err)
@@ -391,11 +402,26 @@ func (a *Admin) ListEvents(ctx context.Context, f EventFilter) (Page, error) {
 		}
 		after = &c
 	}
-	events, err := a.selectEvents(ctx, f, after, limit+1)
+	events, cut, err := a.selectEvents(ctx, f, after, limit+1)
 	if err != nil {
 		return fail(err)
 	}
+	if cut != nil {
+		// The search among processed rows stopped at cut: an event of another group past it may
+		// come after processed events not read yet, so it waits for the next page.
+		kept := events[:0]
+		for _, e := range events {
+			if c := cmpEvent(e, *cut); (!f.Oldest && c >= 0) || (f.Oldest && c <= 0) {
+				kept = append(kept, e)
+			}
+		}
+		events = kept
+	}
 	page := Page{Events: events}
+	if cut != nil && len(events) <= limit {
+		page.Partial, page.SearchedTo, page.Next = true, cut.createdAt, cut.String()
+		return page, nil
+	}
 	if len(events) > limit {
 		page.Events = events[:limit]
 		last := page.Events[limit-1]
@@ -404,12 +430,22 @@ func (a *Admin) ListEvents(ctx context.Context, f EventFilter) (Page, error) {
 	return page, nil
 }
 
+// cmpEvent compares an event's place in creation order (created_at, then id) with a cursor's.
+func cmpEvent(e EventInfo, c pageCursor) int {
+	if r := e.CreatedAt.Compare(c.createdAt); r != 0 {
+		return r
+	}
+	return cmpInt64(e.ID, c.id)
+}
+
 // selectEvents returns up to limit events f selects after the cursor, in f's order: one query per
-// group of rows the state filter touches, merged.
-func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCursor, limit int) ([]EventInfo, error) {
+// group of rows the state filter touches, merged. When the processed rows are searched for a filter
+// their index does not cover and MaxProcessedScan of them did not fill the page, cut is the last row
+// read: nothing past it was looked at.
+func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCursor, limit int) (_ []EventInfo, cut *pageCursor, _ error) {
 	state, err := ParseEventState(string(f.State))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	at := a.q.d.clock(now())
 	var groups []string
@@ -429,9 +465,15 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	}
 	var out []EventInfo
 	for _, g := range groups {
-		where := []string{g}
-		var args []any
+		// where: what the group's index reads (its range, and conditions on the row it reaches);
+		// filters: the event type, aggregate and error text, which no index of processed rows holds.
+		var (
+			where, filters []string
+			args, fargs    []any
+		)
 		add := func(cond string, v ...any) { where = append(where, cond); args = append(args, v...) }
+		filter := func(cond string, v ...any) { filters = append(filters, cond); fargs = append(fargs, v...) }
+		add(g)
 		switch state {
 		case StateLeased:
 			add(`c.locked_until IS NOT NULL AND c.locked_until >= ?`, at)
@@ -441,13 +483,13 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 			add(`(c.next_attempt_at IS NULL OR c.next_attempt_at <= ?) AND (c.locked_until IS NULL OR c.locked_until < ?)`, at, at)
 		}
 		if f.EventType != "" {
-			add(`c.event_type = ?`, f.EventType)
+			filter(`c.event_type = ?`, f.EventType)
 		}
 		if f.AggregateType != "" || f.AggregateID != "" {
-			add(`c.aggregate_type = ? AND c.aggregate_id = ?`, f.AggregateType, f.AggregateID)
+			filter(`c.aggregate_type = ? AND c.aggregate_id = ?`, f.AggregateType, f.AggregateID)
 		}
 		if f.LastError != "" {
-			add(`c.last_error = ?`, f.LastError)
+			filter(`c.last_error = ?`, f.LastError)
 		}
 		if g == processedGroup && a.dialect == "postgres" {
 			// The planner drops processed = true from the index conditions of the partial processed
@@ -487,13 +529,34 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		// primary key after its columns, SQLite's the rowid (id), and PostgreSQL sorts only the ties
 		// of created_at (an incremental sort).
 		order := `c.created_at ` + dir + `, c.id ` + dir
-		query := `SELECT ` + adminColumns + ` FROM ` + a.q.table + ` c WHERE ` + strings.Join(where, " AND ") +
-			` ORDER BY ` + order + ` LIMIT ` + strconv.Itoa(limit)
-		evs, err := a.scanEvents(ctx, at, query, args...)
+		indexed := `SELECT ` + adminColumns + ` FROM ` + a.q.table + ` c WHERE ` + strings.Join(where, " AND ")
+		// Processed rows searched for a filter their index does not hold: the first MaxProcessedScan
+		// rows of the index range, in order (a scan that stops there), filtered; a rare type then
+		// costs a bounded read per page instead of the whole table.
+		bounded := g == processedGroup && f.MessageID == "" && len(filters) > 0
+		var query string
+		switch {
+		case bounded:
+			query = `SELECT ` + adminColumns + ` FROM (` + indexed + ` ORDER BY ` + order + ` LIMIT ` + strconv.Itoa(MaxProcessedScan) +
+				`) c WHERE ` + strings.Join(filters, " AND ") + ` ORDER BY ` + order + ` LIMIT ` + strconv.Itoa(limit)
+		case len(filters) > 0:
+			query = indexed + ` AND ` + strings.Join(filters, " AND ") + ` ORDER BY ` + order + ` LIMIT ` + strconv.Itoa(limit)
+		default:
+			query = indexed + ` ORDER BY ` + order + ` LIMIT ` + strconv.Itoa(limit)
+		}
+		evs, err := a.scanEvents(ctx, at, query, append(args, fargs...)...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, evs...)
+		if bounded && len(evs) < limit {
+			// The page is not full: did the scan stop at MaxProcessedScan rows? Then its last row is
+			// where the search got to.
+			if cut, err = a.nthRow(ctx, `SELECT c.created_at, c.id FROM `+a.q.table+` c WHERE `+strings.Join(where, " AND ")+
+				` ORDER BY `+order+` LIMIT 1 OFFSET `+strconv.Itoa(MaxProcessedScan-1), args...); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	slices.SortFunc(out, func(x, y EventInfo) int {
 		c := x.CreatedAt.Compare(y.CreatedAt)
@@ -508,7 +571,31 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	if len(out) > limit {
 		out = out[:limit]
 	}
-	return out, nil
+	return out, cut, nil
+}
+
+// nthRow runs a query of one (created_at, id) row and returns it as a cursor, or nil when there is
+// none.
+func (a *Admin) nthRow(ctx context.Context, query string, args ...any) (*pageCursor, error) {
+	rows, err := a.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	var cut *pageCursor
+	if rows.Next() {
+		var (
+			created any
+			c       pageCursor
+		)
+		if err = rows.Scan(&created, &c.id); err == nil {
+			c.createdAt, err = asTime(created)
+		}
+		cut = &c
+	}
+	if err := errors.Join(err, rows.Err(), rows.Close()); err != nil {
+		return nil, err
+	}
+	return cut, nil
 }
 
 func cmpInt64(a, b int64) int {
@@ -544,9 +631,10 @@ func uuidV7Time(id string) (time.Time, bool) {
 
 // Event returns the event with the message id, with its attempts, last error and state, or an error
 // wrapping ErrEventNotFound. Events to be delivered and dead ones are found through their indexes;
-// a processed one through the processed index around the time its UUIDv7 id carries. A message id
-// that is not a UUIDv7 (written by hand), an event whose created_at lies apart from its id's time,
-// and an id that is not there make the search read every processed row.
+// a processed one through the processed index within a minute of the time its UUIDv7 id carries
+// (the plugin takes both from one clock as it writes the event), so that an id that is not there
+// costs no more than one that is. A message id that is not a UUIDv7 (written by hand) makes the
+// search read every processed row.
 func (a *Admin) Event(ctx context.Context, messageID string) (EventInfo, error) {
 	if messageID == "" {
 		return EventInfo{}, fmt.Errorf("outboxplugin: Event: %w: empty message id", ErrInvalidFilter)
@@ -561,25 +649,11 @@ func (a *Admin) Event(ctx context.Context, messageID string) (EventInfo, error) 
 	return evs[0], nil
 }
 
-// findByMessageID returns the events with the message id (one, unless ids were written by hand):
-// first around the time its UUIDv7 carries, then, when that finds none, among every processed row —
-// for an event whose created_at was set apart from its id (written by hand), and for an id that is
-// not there, which costs a read of the processed index.
+// findByMessageID returns the events with the message id (one, unless ids were written by hand);
+// among processed rows, within a minute of the time its UUIDv7 carries (see Event).
 func (a *Admin) findByMessageID(ctx context.Context, messageID string) ([]EventInfo, error) {
-	evs, err := a.selectEvents(ctx, EventFilter{MessageID: messageID}, nil, 2)
-	if err != nil || len(evs) > 0 {
-		return evs, err
-	}
-	if _, ok := uuidV7Time(messageID); !ok {
-		return nil, nil // already searched without a window
-	}
-	return a.selectEventsAnyTime(ctx, messageID)
-}
-
-// selectEventsAnyTime looks for the message id among every processed row.
-func (a *Admin) selectEventsAnyTime(ctx context.Context, messageID string) ([]EventInfo, error) {
-	return a.scanEvents(ctx, a.q.d.clock(now()), `SELECT `+adminColumns+` FROM `+a.q.table+` c WHERE `+processedGroup+
-		` AND c.message_id = ? LIMIT 2`, messageID)
+	evs, _, err := a.selectEvents(ctx, EventFilter{MessageID: messageID}, nil, 2)
+	return evs, err
 }
 
 // scanEvents runs query and reads its rows as EventInfo, their state as of at.
@@ -787,7 +861,7 @@ func (a *Admin) where(ctx context.Context, f EventFilter, allowed []EventState, 
 		f.State = st
 		var after *pageCursor
 		for {
-			evs, err := a.selectEvents(ctx, f, after, adminChunk)
+			evs, _, err := a.selectEvents(ctx, f, after, adminChunk)
 			if err != nil {
 				return total, err
 			}

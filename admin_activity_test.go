@@ -3,6 +3,7 @@ package outboxplugin_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,4 +138,74 @@ func TestAdminActivityCapsAnInterval(t *testing.T) {
 	assert.Equal(t, int64(outboxplugin.ActivityIntervalLimit), act.Published[i])
 	assert.True(t, act.AtLeast[i])
 	assert.Equal(t, outboxplugin.ActivityLagSample, act.LagSample)
+}
+
+// A search among processed events for a filter their index does not hold reads at most
+// MaxProcessedScan rows per page: a page that did not fill says so (Partial, SearchedTo), and its
+// Next continues the search, so that paging on finds every match once, beside the other groups' rows.
+func TestAdminListEventsBoundsTheProcessedScan(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		require.NoError(t, outboxplugin.AutoMigrate(db))
+		// One rare event, processed two hours ago; a dead one of the same type three hours ago; then
+		// MaxProcessedScan+10 processed events of another type, an hour ago: newer than both.
+		ctx := context.Background()
+		for _, ev := range []struct {
+			created time.Time
+			dead    bool
+		}{{time.Now().UTC().Add(-2 * time.Hour), false}, {time.Now().UTC().Add(-3 * time.Hour), true}} {
+			require.NoError(t, db.Transaction(func(tx *gorm.DB) error { return outboxplugin.Emit(tx, "Rare", map[string]int{"n": 1}) }))
+			evs := loadEvents(t, db)
+			upd := map[string]any{"created_at": ev.created, "processed": true, "processed_at": ev.created}
+			if ev.dead {
+				upd = map[string]any{"created_at": ev.created, "dead_at": ev.created, "last_error": "no"}
+			}
+			require.NoError(t, db.Session(&gorm.Session{NewDB: true}).Model(&outboxplugin.OutboxEvent{}).Where("id = ?", evs[len(evs)-1].ID).Updates(upd).Error)
+		}
+		n := outboxplugin.MaxProcessedScan + 10
+		hourAgo := time.Now().UTC().Add(-time.Hour)
+		gen := `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)`
+		cols := `INSERT INTO outbox_events (message_id, event_type, aggregate_type, aggregate_id, payload, created_at, processed, processed_at, attempts) `
+		sel := `SELECT CONCAT('bulk-', i), 'Bulk', '', '', '{}', ?, true, ?, 1 FROM n`
+		switch d.name {
+		case "mysql": // MariaDB bounds recursion at 1000 rows: five cross-joined digits instead
+			digits := `WITH d(x) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4
+				UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9),
+				n(i) AS (SELECT 1 + a.x + 10*b.x + 100*c.x + 1000*e.x + 10000*f.x FROM d a, d b, d c, d e, d f)`
+			require.NoError(t, db.Exec(cols+digits+` `+sel+` WHERE i <= ?`, hourAgo, hourAgo, n).Error)
+		default:
+			require.NoError(t, db.Exec(gen+` `+cols+strings.Replace(sel, "CONCAT('bulk-', i)", "'bulk-' || i", 1), n, hourAgo, hourAgo).Error)
+		}
+		admin, err := outboxplugin.NewAdmin(db)
+		require.NoError(t, err)
+
+		page, err := admin.ListEvents(ctx, outboxplugin.EventFilter{State: outboxplugin.StateProcessed, EventType: "Rare"})
+		require.NoError(t, err)
+		assert.Empty(t, page.Events, "the rare event lies past the first MaxProcessedScan rows")
+		assert.True(t, page.Partial)
+		assert.WithinDuration(t, hourAgo, page.SearchedTo, time.Second)
+		require.NotEmpty(t, page.Next)
+		page, err = admin.ListEvents(ctx, outboxplugin.EventFilter{State: outboxplugin.StateProcessed, EventType: "Rare", Cursor: page.Next})
+		require.NoError(t, err)
+		require.Len(t, page.Events, 1, "the next page continues the search and finds it")
+		assert.Equal(t, "Rare", page.Events[0].EventType)
+		assert.False(t, page.Partial)
+
+		// Every state: the dead event (older than the cut) waits for the page past the cut, and
+		// appears once.
+		seen := map[string]int{}
+		f := outboxplugin.EventFilter{EventType: "Rare"}
+		for range 5 {
+			page, err = admin.ListEvents(ctx, f)
+			require.NoError(t, err)
+			for _, e := range page.Events {
+				seen[string(e.State)]++
+			}
+			if page.Next == "" {
+				break
+			}
+			f.Cursor = page.Next
+		}
+		assert.Equal(t, map[string]int{"processed": 1, "dead": 1}, seen)
+	})
 }

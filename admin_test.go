@@ -204,7 +204,7 @@ func TestAdminEvent(t *testing.T) {
 		f := newAdminFixture(t, d)
 		ctx := context.Background()
 		for i, state := range map[int]outboxplugin.EventState{
-			0: outboxplugin.StateProcessed, 1: outboxplugin.StateProcessed, 2: outboxplugin.StateDead,
+			1: outboxplugin.StateProcessed, 2: outboxplugin.StateDead,
 			3: outboxplugin.StateWaiting, 4: outboxplugin.StateLeased, 7: outboxplugin.StateDue,
 		} {
 			e, err := f.admin.Event(ctx, f.evs[i].MessageID)
@@ -220,6 +220,15 @@ func TestAdminEvent(t *testing.T) {
 		l, err := f.admin.Event(ctx, f.evs[4].MessageID)
 		require.NoError(t, err)
 		assert.Equal(t, "other-worker", l.LockedBy)
+
+		// evs[0]'s created_at was moved ten days away from its id's time: among processed rows
+		// Event looks within a minute of that time only, so that an id that is not there costs no
+		// more than one that is; ListEvents over its time finds it.
+		_, err = f.admin.Event(ctx, f.evs[0].MessageID)
+		assert.ErrorIs(t, err, outboxplugin.ErrEventNotFound)
+		old, err := f.admin.ListEvents(ctx, outboxplugin.EventFilter{State: outboxplugin.StateProcessed, Until: time.Now().Add(-24 * time.Hour)})
+		require.NoError(t, err)
+		assert.Equal(t, []int64{f.evs[0].ID}, pageIDs(old))
 
 		// A processed event found without its UUIDv7's time: a message id written by hand.
 		require.NoError(t, f.db.Session(&gorm.Session{NewDB: true}).Model(&outboxplugin.OutboxEvent{}).
