@@ -199,7 +199,7 @@ func TestEventsShow(t *testing.T) {
 			e.DeadAt == nil || e.Headers["trace"] != "abc" || e.Payload["order_id"] != float64(2) {
 			t.Errorf("show --json: %+v", e)
 		}
-		decode(t, ok(t, "events", "show", "--db", d.dsn, f.oldProcessed, "--json"), &e)
+		decode(t, ok(t, "events", "show", "--db", d.dsn, f.newProcessed, "--json"), &e)
 		if e.State != "processed" || e.ProcessedAt == nil {
 			t.Errorf("show --json of a processed event: %+v", e)
 		}
