@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -15,7 +18,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/gorm-outbox/outboxplugin"
 	outboxkafka "github.com/gorm-outbox/outboxplugin/publishers/kafka"
@@ -26,23 +33,26 @@ import (
 
 // The broker URL schemes the relay takes.
 const (
-	schemeNATS  = "nats"
-	schemeKafka = "kafka"
-	schemeAMQP  = "amqp"
-	schemeAMQPS = "amqps"
-	schemeRedis = "redis"
+	schemeNATS     = "nats"
+	schemeKafka    = "kafka"
+	schemeKafkaTLS = "kafkas"
+	schemeAMQP     = "amqp"
+	schemeAMQPS    = "amqps"
+	schemeRedis    = "redis"
 )
 
 // schemesHelp lists the schemes in usage errors.
-const schemesHelp = "nats://host:4222, kafka://host:9092[,host:9092], amqp://user:pass@host:5672/vhost or redis://host:6379/0"
+const schemesHelp = "nats://host:4222, kafka://host:9092[,host:9092] (kafkas:// over TLS), " +
+	"amqp://user:pass@host:5672/vhost or redis://host:6379/0"
 
 // brokerConfig is what the relay's flags say about the broker.
 type brokerConfig struct {
 	url           string
-	subjectPrefix string // NATS
-	stream        string // NATS: the expected stream; Redis: the stream key
-	topic         string // Kafka
-	exchange      string // RabbitMQ
+	subjectPrefix string         // NATS
+	stream        string         // NATS: the expected stream; Redis: the stream key
+	topic         string         // Kafka
+	kafkaRoots    *x509.CertPool // Kafka over TLS: the roots of --kafka-ca-file, nil for the system's
+	exchange      string         // RabbitMQ
 }
 
 // broker is the connection to the broker and the publisher over it.
@@ -55,7 +65,8 @@ type broker struct {
 }
 
 // brokerScheme returns the scheme of the broker URL raw, or a usage error that does not quote raw
-// (it may hold a password).
+// (it may hold a password). kafkas:// is returned as kafka: the broker, and the messaging system of
+// the metrics, is the same; parseKafkaURL reads the TLS of the connection.
 func brokerScheme(raw string) (string, error) {
 	if raw == "" {
 		return "", usagef("no broker: give --broker or --broker-file (or OUTBOX_BROKER, OUTBOX_BROKER_FILE): " + schemesHelp)
@@ -65,9 +76,9 @@ func brokerScheme(raw string) (string, error) {
 	switch {
 	case !ok || rest == "":
 		return "", usagef("--broker: not a URL: want " + schemesHelp)
-	case scheme == schemeKafka:
-		_, err := kafkaSeeds(raw)
-		return scheme, err
+	case scheme == schemeKafka || scheme == schemeKafkaTLS:
+		_, err := parseKafkaURL(raw)
+		return schemeKafka, err
 	case scheme != schemeNATS && scheme != schemeRedis && scheme != schemeAMQP && scheme != schemeAMQPS:
 		return "", usagef("--broker: unknown scheme %q: want %s", scheme, schemesHelp)
 	}
@@ -80,11 +91,18 @@ func brokerScheme(raw string) (string, error) {
 }
 
 // brokerPasswords returns the passwords of the broker URL (one or several, comma-separated) in the
-// forms they may be printed in.
+// forms they may be printed in. A URL after the first may leave out the scheme
+// (kafka://h1:9092,user:pass@h2:9092): it is read with the first one's. The URL is also read whole,
+// for a password with a comma in it, which the split cuts.
 func brokerPasswords(raw string) []string {
-	var pws []string
+	pws := passwordsOf(strings.TrimSpace(raw))
+	scheme, _, _ := strings.Cut(strings.TrimSpace(raw), "://")
 	for _, u := range strings.Split(raw, ",") {
-		pws = append(pws, passwordsOf(strings.TrimSpace(u))...)
+		u = strings.TrimSpace(u)
+		if !strings.Contains(u, "://") {
+			u = scheme + "://" + u
+		}
+		pws = append(pws, passwordsOf(u)...)
 	}
 	return pws
 }
@@ -98,25 +116,148 @@ func validateSubjectPrefix(p string) error {
 	return nil
 }
 
-// kafkaSeeds returns the host:port of each broker of kafka://host:port,host:port (each may repeat
-// the scheme), or a usage error that does not quote raw.
-func kafkaSeeds(raw string) ([]string, error) {
-	var seeds []string
-	for _, s := range strings.Split(raw, ",") {
+// The SASL mechanisms of a Kafka URL's ?sasl=.
+const (
+	saslPlain       = "plain"
+	saslSCRAMSHA256 = "scram-sha-256"
+	saslSCRAMSHA512 = "scram-sha-512"
+)
+
+// kafkaURL is what a kafka:// or kafkas:// broker URL says.
+type kafkaURL struct {
+	seeds []string // host:port of each seed broker
+	tls   bool     // kafkas://
+
+	// mechanism is "" without credentials, else one of the saslPlain, saslSCRAMSHA256 and
+	// saslSCRAMSHA512 constants.
+	mechanism  string
+	user, pass string // URL-decoded
+}
+
+// parseKafkaURL reads kafka[s]://[user:pass@]host:port[,[kafka[s]://][user:pass@]host:port...][?sasl=...],
+// or returns a usage error that does not quote raw.
+//
+// The credentials are those of the first seed; a later seed may repeat them, not differ from them
+// nor bring them alone. The user and the password are URL-decoded, so a comma, @, :, / or ? in
+// them is written URL-encoded (%2C, %40, ...). ?sasl=plain|scram-sha-256|scram-sha-512 (on any
+// seed, conventionally the last) picks the mechanism; credentials without it use SCRAM-SHA-512,
+// which never sends the password. PLAIN, which does, is used only when asked for. kafkas:// on one
+// seed and kafka:// on another is refused: TLS is the client's, for all brokers or none.
+func parseKafkaURL(raw string) (kafkaURL, error) {
+	// Not user:pass@, which the redaction of the error would take for credentials.
+	const want = "want kafka[s]://[credentials@]host:port[,host:port...][?sasl=plain|scram-sha-256|scram-sha-512]"
+	var k kafkaURL
+	var scheme string
+	for i, s := range strings.Split(raw, ",") {
 		s = strings.TrimSpace(s)
-		if len(s) >= len("kafka://") && strings.EqualFold(s[:len("kafka://")], "kafka://") {
-			s = s[len("kafka://"):]
+		seedScheme, rest, ok := strings.Cut(s, "://")
+		if !ok && i > 0 {
+			seedScheme, rest = scheme, s
 		}
-		s = strings.TrimSuffix(s, "/")
-		if strings.Contains(s, "@") {
-			return nil, usagef("--broker: credentials in a kafka:// URL are not supported (no SASL yet)")
+		seedScheme = strings.ToLower(seedScheme)
+		switch {
+		case seedScheme != schemeKafka && seedScheme != schemeKafkaTLS:
+			return kafkaURL{}, usagef("--broker: seed %d: %s", i+1, want)
+		case i == 0:
+			scheme = seedScheme
+		case seedScheme != scheme:
+			return kafkaURL{}, usagef("--broker: seed %d is %s:// after %s://: TLS is for all the brokers or none", i+1, seedScheme, scheme)
 		}
-		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
-			return nil, usagef("--broker: want kafka://host:port[,host:port...]")
+		u, err := url.Parse(seedScheme + "://" + rest)
+		if err != nil || u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.Fragment != "" {
+			// url's error quotes the URL.
+			return kafkaURL{}, usagef("--broker: seed %d is not a valid URL (URL-encode , @ : / ? # %% in the user and password): %s", i+1, want)
 		}
-		seeds = append(seeds, s)
+		if _, port, err := net.SplitHostPort(u.Host); err != nil || port == "" {
+			return kafkaURL{}, usagef("--broker: seed %d has no host:port: %s", i+1, want)
+		}
+		k.seeds = append(k.seeds, u.Host)
+
+		if u.User != nil {
+			user := u.User.Username()
+			pass, _ := u.User.Password()
+			switch {
+			case user == "" || pass == "":
+				return kafkaURL{}, usagef("--broker: seed %d: Kafka credentials are user:password, neither empty", i+1)
+			case i == 0:
+				k.user, k.pass = user, pass
+			case k.user == "":
+				return kafkaURL{}, usagef("--broker: credentials on seed %d but not on the first: give them on the first seed", i+1)
+			case user != k.user || pass != k.pass:
+				return kafkaURL{}, usagef("--broker: seed %d has credentials other than the first's: the client has one login", i+1)
+			}
+		}
+
+		q, err := url.ParseQuery(u.RawQuery)
+		if err != nil {
+			return kafkaURL{}, usagef("--broker: seed %d has an invalid query: %s", i+1, want)
+		}
+		for key, vs := range q {
+			if key != "sasl" {
+				return kafkaURL{}, usagef("--broker: seed %d has a query parameter other than sasl: %s", i+1, want)
+			}
+			for _, v := range vs {
+				m := strings.ToLower(v)
+				if m != saslPlain && m != saslSCRAMSHA256 && m != saslSCRAMSHA512 {
+					return kafkaURL{}, usagef("--broker: seed %d: unknown SASL mechanism: want sasl=plain, scram-sha-256 or scram-sha-512", i+1)
+				}
+				if k.mechanism != "" && k.mechanism != m {
+					return kafkaURL{}, usagef("--broker: two SASL mechanisms, %s and %s: give one", k.mechanism, m)
+				}
+				k.mechanism = m
+			}
+		}
 	}
-	return seeds, nil
+	switch {
+	case k.mechanism != "" && k.user == "":
+		return kafkaURL{}, usagef("--broker: sasl=%s without credentials: give them on the first seed", k.mechanism)
+	case k.user != "" && k.mechanism == "":
+		k.mechanism = saslSCRAMSHA512
+	}
+	k.tls = scheme == schemeKafkaTLS
+	return k, nil
+}
+
+// saslMechanism returns the franz-go mechanism of k's credentials, or nil without credentials.
+func (k kafkaURL) saslMechanism() sasl.Mechanism {
+	switch k.mechanism {
+	case saslPlain:
+		return plain.Auth{User: k.user, Pass: k.pass}.AsMechanism()
+	case saslSCRAMSHA256:
+		return scram.Auth{User: k.user, Pass: k.pass}.AsSha256Mechanism()
+	case saslSCRAMSHA512:
+		return scram.Auth{User: k.user, Pass: k.pass}.AsSha512Mechanism()
+	}
+	return nil
+}
+
+// caFile is the value of --kafka-ca-file: a PEM file of certificates that the Kafka client trusts
+// besides the system's roots. It is read as the flag is set, so that a missing or unreadable file is
+// a usage error before the relay opens anything.
+type caFile struct {
+	path  string
+	roots *x509.CertPool // the system's roots and the file's certificates; nil when unset
+}
+
+var _ pflag.Value = (*caFile)(nil)
+
+func (c *caFile) String() string { return c.path }
+func (c *caFile) Type() string   { return "path" }
+
+func (c *caFile) Set(path string) error {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil { // no system roots (a scratch image): the file's alone
+		roots = x509.NewCertPool()
+	}
+	if !roots.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	c.path, c.roots = path, roots
+	return nil
 }
 
 // openBroker connects to the broker of cfg and returns its publisher. A broker down at start-up does
@@ -219,18 +360,32 @@ func openRedis(cfg brokerConfig) (*broker, error) {
 }
 
 func openKafka(cfg brokerConfig, log *slog.Logger) (*broker, error) {
-	seeds, err := kafkaSeeds(cfg.url)
+	k, err := parseKafkaURL(cfg.url)
 	if err != nil {
 		return nil, err
 	}
 	// The configuration outboxkafka.New asks for: acks by all in-sync replicas and the idempotent
 	// producer (kgo's defaults), and a timed-out publish that stops being retried by the client.
-	client, err := kgo.NewClient(
-		kgo.SeedBrokers(seeds...),
+	kopts := []kgo.Opt{
+		kgo.SeedBrokers(k.seeds...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.AllowIdempotentProduceCancellation(),
 		kgo.WithLogger(kgo.BasicLogger(slogWriter{log}, kgo.LogLevelWarn, nil)),
-	)
+	}
+	switch {
+	case k.tls:
+		// kgo sets each dial's ServerName to the broker's host; nil RootCAs are the system's roots.
+		kopts = append(kopts, kgo.DialTLSConfig(&tls.Config{RootCAs: cfg.kafkaRoots}))
+	case cfg.kafkaRoots != nil:
+		return nil, usagef("--kafka-ca-file without TLS: the broker URL is kafka://, want kafkas://")
+	}
+	if m := k.saslMechanism(); m != nil {
+		kopts = append(kopts, kgo.SASL(m))
+		if k.mechanism == saslPlain && !k.tls {
+			log.Warn("SASL PLAIN without TLS: the Kafka password crosses the network in clear; use kafkas:// or SCRAM")
+		}
+	}
+	client, err := kgo.NewClient(kopts...)
 	if err != nil {
 		return nil, usagef("--broker: %v", err)
 	}

@@ -32,6 +32,7 @@ type relayFlags struct {
 	subjectPrefix string
 	stream        string
 	topic         string
+	kafkaCA       caFile
 	exchange      string
 	workers       int
 
@@ -66,7 +67,10 @@ SIGINT. The broker is chosen by the scheme of --broker:
                                         <subject-prefix>.<aggregate>.<event>, which a stream must
                                         capture; --stream makes the server store it only in that stream
   kafka://host:9092[,host:9092]         Kafka (franz-go, acks by all in-sync replicas, idempotent); each
-                                        event goes to outbox.<aggregate>, or to --topic; no SASL yet
+  kafkas://user:pass@host:9093,...      event goes to outbox.<aggregate>, or to --topic. kafkas:// is
+                                        TLS (system roots, plus --kafka-ca-file). user:pass@ on the
+                                        first seed (URL-encoded) logs in with SASL SCRAM-SHA-512, or
+                                        the mechanism of ?sasl=plain|scram-sha-256|scram-sha-512
   amqp://user:pass@host:5672/vhost      RabbitMQ (publisher confirms); each event goes to the topic
   amqps://...                           exchange --exchange with the routing key <aggregate>.<event>,
                                         mandatory: a queue must be bound to receive it
@@ -101,11 +105,12 @@ func newRelayCmd(a *app) *cobra.Command {
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error { return a.relay(cmd.Context(), &f) }),
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.broker, "broker", "", "the broker URL: nats://, kafka://, amqp:// or redis:// (see above)")
+	fl.StringVar(&f.broker, "broker", "", "the broker URL: nats://, kafka:// or kafkas://, amqp:// or redis:// (see above)")
 	fl.StringVar(&f.brokerFile, "broker-file", "", "a file holding the broker URL, instead of --broker (a mounted secret)")
 	fl.StringVar(&f.subjectPrefix, "subject-prefix", "outbox", "NATS: the first tokens of every subject")
 	fl.StringVar(&f.stream, "stream", "", "NATS: the stream that must store the messages (Nats-Expected-Stream); Redis: the stream key of every event (default outbox:<aggregate>)")
 	fl.StringVar(&f.topic, "topic", "", "Kafka: the topic of every event (default outbox.<aggregate>)")
+	fl.Var(&f.kafkaCA, "kafka-ca-file", "Kafka over TLS (kafkas://): a PEM file of CA certificates trusted besides the system's")
 	fl.StringVar(&f.exchange, "exchange", outboxrabbitmq.DefaultExchange, "RabbitMQ: the topic exchange the events are published to (declared durable), routing key <aggregate>.<event>")
 	fl.IntVar(&f.workers, "workers", 1, "workers in this process, at least 1")
 
@@ -313,7 +318,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	ready.db.Store(db)
 
 	b, err := openBroker(ctx, scheme, brokerConfig{url: f.broker, subjectPrefix: f.subjectPrefix, stream: f.stream,
-		topic: f.topic, exchange: f.exchange}, log)
+		topic: f.topic, kafkaRoots: f.kafkaCA.roots, exchange: f.exchange}, log)
 	if err != nil {
 		return err
 	}

@@ -4,11 +4,20 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +34,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin"
@@ -360,8 +371,9 @@ func TestRelayNATSPostgres(t *testing.T) {
 }
 
 // smallRun writes n events to a SQLite outbox, runs `outbox relay` with args until the outbox is
-// drained, checks /readyz and a clean stop, and returns the message ids of the events.
-func smallRun(t *testing.T, n int, args ...string) map[string]bool {
+// drained, checks /readyz and a clean stop, and returns the message ids of the events and what the
+// relay printed.
+func smallRun(t *testing.T, n int, args ...string) (map[string]bool, string) {
 	t.Helper()
 	d := newSQLiteDB(t)
 	if err := outboxplugin.AutoMigrate(d.db); err != nil {
@@ -386,7 +398,7 @@ func smallRun(t *testing.T, n int, args ...string) map[string]bool {
 	if !strings.Contains(p.stderr.String(), `"msg":"relay started"`) {
 		t.Errorf("--log-format json: stderr %q", p.stderr.String())
 	}
-	return messageIDs(t, d.db)
+	return messageIDs(t, d.db), p.stdout.String() + p.stderr.String()
 }
 
 // checkAll fails the test unless every id of want is in got.
@@ -415,7 +427,7 @@ func TestRelayRedisSQLite(t *testing.T) {
 	key := "outboxcli:" + randomHex()
 	t.Cleanup(func() { _ = rdb.Del(context.Background(), key).Err() })
 
-	want := smallRun(t, 200, "--broker", redisURL(), "--stream", key)
+	want, _ := smallRun(t, 200, "--broker", redisURL(), "--stream", key)
 	entries, err := rdb.XRange(ctx, key, "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -453,7 +465,7 @@ func TestRelayRabbitMQSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	want := smallRun(t, 200, "--broker", url, "--exchange", exchange)
+	want, _ := smallRun(t, 200, "--broker", url, "--exchange", exchange)
 	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -479,20 +491,25 @@ func rabbitURL() string {
 	return "amqp://guest:guest@127.0.0.1:5672/"
 }
 
-// TestRelayKafkaSQLite runs the relay against franz-go's in-process Kafka (kfake), which needs no
-// server.
-func TestRelayKafkaSQLite(t *testing.T) {
-	topic := "outboxcli." + randomHex()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+// newKafka starts franz-go's in-process Kafka (kfake), which needs no server, with two brokers,
+// opts and a topic of its own; it is closed when t ends.
+func newKafka(t *testing.T, opts ...kfake.Opt) (cluster *kfake.Cluster, topic string) {
+	t.Helper()
+	topic = "outboxcli." + randomHex()
+	cluster, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(2), kfake.SeedTopics(1, topic)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cluster.Close()
-	broker := "kafka://" + strings.Join(cluster.ListenAddrs(), ",")
+	t.Cleanup(cluster.Close)
+	return cluster, topic
+}
 
-	want := smallRun(t, 200, "--broker", broker, "--topic", topic)
-	client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+// kafkaIDs reads topic from its start with a client of opts and returns the outbox message ids of its
+// records, once it has want of them or after 10 s.
+func kafkaIDs(t *testing.T, cluster *kfake.Cluster, topic string, want int, opts ...kgo.Opt) map[string]bool {
+	t.Helper()
+	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +517,7 @@ func TestRelayKafkaSQLite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	got := map[string]bool{}
-	for len(got) < len(want) && ctx.Err() == nil {
+	for len(got) < want && ctx.Err() == nil {
 		client.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
 			for _, h := range r.Headers {
 				if h.Key == outboxplugin.HeaderID {
@@ -509,7 +526,161 @@ func TestRelayKafkaSQLite(t *testing.T) {
 			}
 		})
 	}
-	checkAll(t, want, got, "the topic")
+	return got
+}
+
+func TestRelayKafkaSQLite(t *testing.T) {
+	cluster, topic := newKafka(t)
+	broker := "kafka://" + strings.Join(cluster.ListenAddrs(), ",")
+
+	want, _ := smallRun(t, 200, "--broker", broker, "--topic", topic)
+	checkAll(t, want, kafkaIDs(t, cluster, topic, len(want)), "the topic")
+}
+
+// selfSignedTLS returns the server configuration of a new self-signed certificate of 127.0.0.1, and
+// the path of a PEM file of the certificate.
+func selfSignedTLS(t *testing.T) (*tls.Config, string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "kfake"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, path
+}
+
+// TestRelayKafkaAuth runs the relay against kfake with SASL, TLS or both: every event is delivered
+// with the mechanism the URL names (SCRAM-SHA-512 when it names none), and the password is never
+// printed.
+func TestRelayKafkaAuth(t *testing.T) {
+	// Characters a URL has to encode, in the user and the password: decoded, they log in.
+	const user, password = "relay@outbox", "S3cretPassw0rd,:/?#@%+"
+	creds := url.QueryEscape(user) + ":" + url.QueryEscape(password) + "@"
+	for _, c := range []struct {
+		name   string
+		method string // kfake's SASL mechanism; "" without SASL
+		tls    bool
+		broker func(addrs []string) string
+	}{
+		{"SCRAM-SHA-512 by default", "SCRAM-SHA-512", false, func(a []string) string {
+			return "kafka://" + creds + a[0] + "," + a[1]
+		}},
+		{"SCRAM-SHA-256, credentials repeated", "SCRAM-SHA-256", false, func(a []string) string {
+			return "kafka://" + creds + a[0] + ",kafka://" + creds + a[1] + "?sasl=scram-sha-256"
+		}},
+		{"PLAIN", "PLAIN", false, func(a []string) string {
+			return "kafka://" + creds + a[0] + "," + a[1] + "?sasl=PLAIN"
+		}},
+		{"TLS and PLAIN", "PLAIN", true, func(a []string) string {
+			return "kafkas://" + creds + a[0] + "/?sasl=plain," + a[1]
+		}},
+		{"TLS and SCRAM-SHA-512", "SCRAM-SHA-512", true, func(a []string) string {
+			return "kafkas://" + creds + a[0] + "," + a[1] + "?sasl=scram-sha-512"
+		}},
+		{"TLS without SASL", "", true, func(a []string) string {
+			return "kafkas://" + a[0] + ",kafkas://" + a[1]
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var kopts []kfake.Opt
+			var copts []kgo.Opt // the test's consumer
+			var args []string
+			switch c.method {
+			case "PLAIN":
+				copts = append(copts, kgo.SASL(plain.Auth{User: user, Pass: password}.AsMechanism()))
+			case "SCRAM-SHA-256":
+				copts = append(copts, kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha256Mechanism()))
+			case "SCRAM-SHA-512":
+				copts = append(copts, kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha512Mechanism()))
+			}
+			if c.method != "" {
+				kopts = append(kopts, kfake.EnableSASL(), kfake.Superuser(c.method, user, password))
+			}
+			if c.tls {
+				serverTLS, caPath := selfSignedTLS(t)
+				kopts = append(kopts, kfake.TLS(serverTLS))
+				pool := x509.NewCertPool()
+				pemBytes, err := os.ReadFile(caPath)
+				if err != nil || !pool.AppendCertsFromPEM(pemBytes) {
+					t.Fatalf("the test's CA: %v", err)
+				}
+				copts = append(copts, kgo.DialTLSConfig(&tls.Config{RootCAs: pool}))
+				args = append(args, "--kafka-ca-file", caPath)
+			}
+			cluster, topic := newKafka(t, kopts...)
+
+			want, out := smallRun(t, 100, append(args, "--broker", c.broker(cluster.ListenAddrs()), "--topic", topic)...)
+			checkAll(t, want, kafkaIDs(t, cluster, topic, len(want), copts...), "the topic")
+			if strings.Contains(out, "S3cret") {
+				t.Errorf("the password was printed:\n%s", out)
+			}
+			if warned := strings.Contains(out, "SASL PLAIN without TLS"); warned != (c.method == "PLAIN" && !c.tls) {
+				t.Errorf("warning of PLAIN without TLS: %v, want %v:\n%s", warned, !warned, out)
+			}
+		})
+	}
+}
+
+// TestRelayKafkaWrongPassword: a login the broker refuses delivers nothing, /readyz says the broker is
+// not connected, and the password is printed nowhere.
+func TestRelayKafkaWrongPassword(t *testing.T) {
+	const password = "S3cretPassw0rd"
+	for _, mechanism := range []string{"SCRAM-SHA-512", "PLAIN"} {
+		t.Run(mechanism, func(t *testing.T) {
+			cluster, topic := newKafka(t, kfake.EnableSASL(), kfake.Superuser(mechanism, "relay", "the-right-one"))
+			d := newSQLiteDB(t)
+			if err := outboxplugin.AutoMigrate(d.db); err != nil {
+				t.Fatal(err)
+			}
+			const n = 20
+			if err := emitEvents(t, d.db, 0, n); err != nil {
+				t.Fatal(err)
+			}
+			addrs := cluster.ListenAddrs()
+			broker := "kafka://relay:" + password + "@" + addrs[0] + "," + addrs[1] + "?sasl=" + strings.ToLower(mechanism)
+			addr := freeAddr(t)
+			p := startRelay(t, nil, "relay", "--db", d.dsn, "--broker", broker, "--topic", topic, "--http", addr,
+				"--poll-interval", "100ms", "--publish-timeout", "2s")
+			eventually(t, 20*time.Second, "a publish that failed", p, func() bool {
+				out := p.stderr.String()
+				return strings.Contains(out, "outboxplugin: publish refused") || strings.Contains(out, "outboxplugin: the broker did not take")
+			})
+			code, body, err := get(addr, "/readyz")
+			if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "broker") {
+				t.Errorf("/readyz: %d %q %v", code, body, err)
+			}
+			if strings.Contains(body, password) {
+				t.Errorf("/readyz printed the password: %s", body)
+			}
+			if pending := pendingCount(t, d.db); pending != n {
+				t.Errorf("%d events pending, want all %d", pending, n)
+			}
+			if code := p.stop(t); code != 0 {
+				t.Errorf("exit %d after SIGTERM", code)
+			}
+			if out := p.stdout.String() + p.stderr.String(); strings.Contains(out, "S3cret") {
+				t.Errorf("the password was printed:\n%s", out)
+			}
+		})
+	}
 }
 
 func TestRelayCredentialsNeverPrinted(t *testing.T) {
@@ -529,7 +700,8 @@ func TestRelayCredentialsNeverPrinted(t *testing.T) {
 		{"NATS down", sqlite, "nats://u:" + password + "@127.0.0.1:1", "relay started"},
 		{"Redis down", sqlite, "redis://u:" + password + "@127.0.0.1:1/0", "relay started"},
 		{"RabbitMQ down", sqlite, "amqp://u:" + password + "@127.0.0.1:1/", "retrying"},
-		{"Kafka down", sqlite, "kafka://127.0.0.1:1", "relay started"},
+		{"Kafka down", sqlite, "kafka://u:" + password + "@127.0.0.1:1,127.0.0.1:2", "relay started"},
+		{"Kafka over TLS down", sqlite, "kafkas://u:" + password + "@127.0.0.1:1,u:" + password + "@127.0.0.1:2?sasl=plain", "relay started"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			addr := freeAddr(t)
@@ -596,10 +768,15 @@ func TestRelayCredentialsNeverPrinted(t *testing.T) {
 
 func TestRelayUsageErrors(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "outbox.db")
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"--broker", "mqtt://127.0.0.1:1883"},
-		{"--broker", "kafka://u:p@127.0.0.1:9092"},
 		{"--broker", "kafka://127.0.0.1"},
+		{"--broker", "kafka://127.0.0.1:9092", "--kafka-ca-file", filepath.Join(t.TempDir(), "missing.pem")},
+		{"--broker", "kafkas://127.0.0.1:9092", "--kafka-ca-file", notPEM},
 		{"--broker", "amqp://guest:guest@127.0.0.1:5672/", "--exchange", ""},
 		{"--broker", "127.0.0.1:4222"},
 		{},
@@ -614,6 +791,26 @@ func TestRelayUsageErrors(t *testing.T) {
 		r := wantCode(t, exitUsage, append([]string{"relay", "--db", db, "--http", ""}, args...)...)
 		if !strings.HasPrefix(r.stderr, "outbox: ") {
 			t.Errorf("%v: stderr %q", args, r.stderr)
+		}
+	}
+	// Kafka URLs the relay refuses, without printing their password.
+	const password = "S3cretPassw0rd"
+	for _, broker := range []string{
+		"kafka://127.0.0.1:9092,u:" + password + "@127.0.0.1:9093",                            // credentials on a later seed only
+		"kafka://u:" + password + "@127.0.0.1:9092,kafka://v:" + password + "@127.0.0.1:9093", // two logins
+		"kafka://u:" + password + "@127.0.0.1:9092?sasl=gssapi",                               // a mechanism not supported
+		"kafka://u:" + password + "@127.0.0.1:9092?sasl=plain&sasl=scram-sha-512",             // two mechanisms
+		"kafka://u:" + password + "@127.0.0.1:9092?mechanism=plain",                           // an unknown parameter
+		"kafkas://u:" + password + "@127.0.0.1:9092,kafka://127.0.0.1:9093",                   // TLS to one broker only
+		"kafka://:" + password + "@127.0.0.1:9092",                                            // no user
+		"kafka://u:" + password + "%zz@127.0.0.1:9092",                                        // not URL-encoded
+		"kafka://u:" + password + ",x@127.0.0.1:9092",                                         // a comma not URL-encoded
+		"kafka://127.0.0.1:9092?sasl=plain",                                                   // a mechanism without credentials
+		"kafka://u@127.0.0.1:9092",                                                            // no password
+	} {
+		r := wantCode(t, exitUsage, "relay", "--db", db, "--http", "", "--broker", broker)
+		if !strings.HasPrefix(r.stderr, "outbox: --broker: ") || strings.Contains(r.stdout+r.stderr, "S3cret") {
+			t.Errorf("--broker %s: stderr %q, want a usage error that does not quote the URL", broker, r.stderr)
 		}
 	}
 	if _, err := os.Stat(db); err == nil {
@@ -631,4 +828,15 @@ func TestRelayUsageErrors(t *testing.T) {
 	}
 	closeDB(d)
 	wantCode(t, exitUsage, "relay", "--db", sqlite, "--http", "", "--broker", "nats://127.0.0.1:1", "--lease", "100ms")
+	// Roots for TLS the URL does not ask for.
+	_, caPath := selfSignedTLS(t)
+	r = wantCode(t, exitUsage, "relay", "--db", sqlite, "--http", "", "--broker", "kafka://127.0.0.1:1", "--kafka-ca-file", caPath)
+	if !strings.Contains(r.stderr, "kafkas://") {
+		t.Errorf("--kafka-ca-file with kafka://: stderr %q", r.stderr)
+	}
+	// --kafka-ca-file is read from OUTBOX_KAFKA_CA_FILE too.
+	r = cli(t, []string{"OUTBOX_KAFKA_CA_FILE=" + notPEM}, nil, "relay", "--db", db, "--http", "", "--broker", "kafkas://127.0.0.1:1")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "OUTBOX_KAFKA_CA_FILE") || !strings.Contains(r.stderr, "no PEM certificate") {
+		t.Errorf("OUTBOX_KAFKA_CA_FILE of a file without a certificate: exit %d: %s", r.code, r.stderr)
+	}
 }
