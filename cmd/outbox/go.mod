@@ -49,6 +49,7 @@ require (
 	github.com/gorm-outbox/outboxplugin/publishers/nats v0.1.0
 	github.com/gorm-outbox/outboxplugin/publishers/rabbitmq v0.1.0
 	github.com/gorm-outbox/outboxplugin/publishers/redis v0.1.0
+	github.com/gorm-outbox/outboxplugin/ui v0.1.0
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

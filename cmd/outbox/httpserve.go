@@ -16,6 +16,8 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"gorm.io/gorm"
+
+	outboxui "github.com/gorm-outbox/outboxplugin/ui"
 )
 
 // readyTimeout bounds each check of /readyz: a database or broker slower than this is not ready.
@@ -39,6 +41,8 @@ func newMetrics() (*sdkmetric.MeterProvider, http.Handler, error) {
 type readiness struct {
 	db     atomic.Pointer[gorm.DB] // nil until the first connection succeeded
 	broker atomic.Pointer[broker]
+	// console is the web console of --ui, set once the database answered.
+	console atomic.Pointer[outboxui.Console]
 }
 
 // check returns nil when ready, or a short reason that holds no error text (and so no credentials).
@@ -66,8 +70,9 @@ type healthServer struct {
 	ln  net.Listener
 }
 
-// listenHealth binds addr and returns the server of the relay's endpoints on it.
-func listenHealth(addr string, metrics http.Handler, ready *readiness, log *slog.Logger) (*healthServer, error) {
+// listenHealth binds addr and returns the server of the relay's endpoints on it, and of the web
+// console at /ui/ when withConsole (503 until the database has answered).
+func listenHealth(addr string, metrics http.Handler, ready *readiness, withConsole bool, log *slog.Logger) (*healthServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http %s: %w", addr, err)
@@ -84,6 +89,17 @@ func listenHealth(addr string, metrics http.Handler, ready *readiness, log *slog
 		}
 		writeStatus(w, http.StatusOK, "ok", "")
 	})
+	if withConsole {
+		mux.HandleFunc("/ui/", func(w http.ResponseWriter, req *http.Request) {
+			c := ready.console.Load()
+			if c == nil {
+				w.Header().Set("Retry-After", "5")
+				http.Error(w, "the console starts once the database answers", http.StatusServiceUnavailable)
+				return
+			}
+			c.ServeHTTP(w, req)
+		})
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

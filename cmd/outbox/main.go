@@ -1,8 +1,10 @@
 // Command outbox looks at and repairs the outbox table of a GORM application that uses
 // github.com/gorm-outbox/outboxplugin: counts per state, lists and single events, requeue and discard
 // of failed events, cleanup of processed rows, and the table's migration; and relay runs the workers
-// that publish the events to NATS JetStream, Kafka, RabbitMQ or Redis Streams. Every command and flag:
-// https://github.com/gorm-outbox/outboxplugin/blob/main/cmd/outbox/README.md; deploying the relay: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/operations.md.
+// that publish the events to NATS JetStream, Kafka, RabbitMQ or Redis Streams; and ui serves the web
+// console. Every command and flag:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/cmd/outbox/README.md
+// Deploying the relay: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/operations.md
 package main
 
 import (

@@ -20,6 +20,7 @@ import (
 	"github.com/gorm-outbox/outboxplugin"
 	outboxotel "github.com/gorm-outbox/outboxplugin/otel"
 	outboxrabbitmq "github.com/gorm-outbox/outboxplugin/publishers/rabbitmq"
+	outboxui "github.com/gorm-outbox/outboxplugin/ui"
 )
 
 func init() { register(newRelayCmd) }
@@ -50,6 +51,9 @@ type relayFlags struct {
 	http      string
 	logFormat string
 	logLevel  string
+
+	ui      bool
+	console consoleFlags
 }
 
 // The first connection to the database is retried with a backoff growing from connectBackoffMin
@@ -126,6 +130,8 @@ func newRelayCmd(a *app) *cobra.Command {
 	fl.BoolVar(&f.withoutListen, "without-listen", false, "PostgreSQL: poll only, without LISTEN (for PgBouncer in transaction mode)")
 
 	fl.StringVar(&f.http, "http", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz (empty: no HTTP server)")
+	fl.BoolVar(&f.ui, "ui", false, "also serve the web console at /ui/ of --http (see outbox ui --help; its flags here are --ui-*)")
+	f.console.register(fl, "ui-")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
@@ -267,6 +273,15 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	if (scheme == schemeAMQP || scheme == schemeAMQPS) && f.exchange == "" {
 		return usagef("--exchange: empty (the AMQP default exchange does not route by topic)")
 	}
+	var consoleOpts []outboxui.Option
+	if f.ui {
+		if f.http == "" {
+			return usagef("--ui needs --http: the console is served at /ui/ of it")
+		}
+		if consoleOpts, err = f.console.options("ui-", log); err != nil {
+			return err
+		}
+	}
 	dsn, err := a.readDSN()
 	if err != nil {
 		return err
@@ -290,7 +305,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	var wg sync.WaitGroup
 	httpErr := make(chan error, 1)
 	if f.http != "" {
-		hs, err := listenHealth(f.http, metrics, &ready, log)
+		hs, err := listenHealth(f.http, metrics, &ready, f.ui, log)
 		if err != nil {
 			return err
 		}
@@ -316,6 +331,18 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	}
 	defer closeDB(db)
 	ready.db.Store(db)
+	if f.ui {
+		adm, err := outboxplugin.NewAdmin(db, outboxplugin.WithAdminTable(a.table))
+		if err != nil {
+			return usageError{err}
+		}
+		console, err := outboxui.New(adm, append(consoleOpts, outboxui.WithBasePath("/ui/"))...)
+		if err != nil {
+			return usageError{err}
+		}
+		ready.console.Store(console)
+		log.Info("serving the console", "url", "http://"+f.http+"/ui/", "writes", f.console.write)
+	}
 
 	b, err := openBroker(ctx, scheme, brokerConfig{url: f.broker, subjectPrefix: f.subjectPrefix, stream: f.stream,
 		topic: f.topic, kafkaRoots: f.kafkaCA.roots, exchange: f.exchange}, log)

@@ -57,9 +57,9 @@ var commands []func(*app) *cobra.Command
 func register(c func(*app) *cobra.Command) { commands = append(commands, c) }
 
 const rootLong = `outbox relays and operates the outbox table of an application that uses
-github.com/gorm-outbox/outboxplugin: the relay as a service (outbox relay), counts per state, lists and
-single events, requeue and discard of failed events, cleanup of processed rows, and the table's
-migration.
+github.com/gorm-outbox/outboxplugin: the relay as a service (outbox relay), a web console (outbox ui),
+counts per state, lists and single events, requeue and discard of failed events, cleanup of processed
+rows, and the table's migration.
 
 Selecting the database (--db, or --db-file with the DSN in a file):
   PostgreSQL   a URL starting postgres:// or postgresql://, or a key=value DSN containing host= or
