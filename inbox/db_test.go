@@ -1,0 +1,136 @@
+package inbox_test
+
+import (
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+
+	_ "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// The tests run on SQLite, and on PostgreSQL and MariaDB/MySQL in a database of each test's own when
+// the servers are reachable (OUTBOX_POSTGRES_DSN, OUTBOX_MYSQL_DSN override the defaults; with
+// OUTBOX_REQUIRE_DBS=1 an unreachable server fails the test instead of skipping it).
+
+func randomHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+type server struct {
+	name, driver, dsn string
+	// dbDSN is the DSN of database name on the server.
+	dbDSN func(name string) string
+	open  func(dsn string) gorm.Dialector
+}
+
+var servers = []server{
+	{
+		name: "postgres", driver: "pgx", dsn: envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable"),
+		dbDSN: func(name string) string {
+			return envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable") + " dbname=" + name
+		},
+		open: func(dsn string) gorm.Dialector { return postgres.Open(dsn) },
+	},
+	{
+		name: "mysql", driver: "mysql", dsn: envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
+		dbDSN: func(name string) string {
+			return envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/") + name + "?parseTime=true"
+		},
+		open: func(dsn string) gorm.Dialector { return mysql.Open(dsn) },
+	},
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// forEachDB runs test on SQLite and on each reachable server, each with an empty database of its own.
+func forEachDB(t *testing.T, test func(t *testing.T, db *gorm.DB)) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "inbox.db")
+		test(t, openDB(t, sqlite.Open("file:"+path+"?_busy_timeout=5000&_journal_mode=WAL")))
+	})
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			dsn := serverDB(t, s)
+			test(t, openDB(t, s.open(dsn)))
+		})
+	}
+}
+
+// forEachServer runs test on each reachable server with a database of its own, and a function that
+// opens another pool of it (as another process would).
+func forEachServer(t *testing.T, test func(t *testing.T, db *gorm.DB, reopen func() *gorm.DB)) {
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			dsn := serverDB(t, s)
+			test(t, openDB(t, s.open(dsn)), func() *gorm.DB { return openDB(t, s.open(dsn)) })
+		})
+	}
+}
+
+func openDB(t *testing.T, d gorm.Dialector) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(db) })
+	return db
+}
+
+// serverDB creates a database of t's own on s, dropped when t ends, and returns its DSN.
+func serverDB(t *testing.T, s server) string {
+	t.Helper()
+	admin, err := sql.Open(s.driver, s.dsn)
+	if err == nil {
+		err = admin.Ping()
+	}
+	if err != nil {
+		if os.Getenv("OUTBOX_REQUIRE_DBS") == "1" {
+			t.Fatalf("%s unreachable and OUTBOX_REQUIRE_DBS=1: %v", s.name, err)
+		}
+		t.Skipf("%s unreachable: %v", s.name, err)
+	}
+	defer admin.Close()
+	name := "outboxplugin_inbox_" + randomHex()
+	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		admin, err := sql.Open(s.driver, s.dsn)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer admin.Close()
+		drop := "DROP DATABASE IF EXISTS " + name
+		if s.name == "postgres" {
+			drop += " WITH (FORCE)"
+		}
+		if _, err := admin.Exec(drop); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return s.dbDSN(name)
+}
+
+func closeDB(db *gorm.DB) {
+	if s, err := db.DB(); err == nil {
+		s.Close()
+	}
+}

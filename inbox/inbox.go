@@ -1,0 +1,338 @@
+// Package inbox makes a consumer's handling of outbox messages take effect once, however often a
+// message is delivered: the handler runs in a transaction of the consumer's database together with a
+// record of (consumer, message id) under a unique key, so a redelivered message finds its record and
+// is skipped, and a handler that fails rolls back its effects and the record alike.
+//
+//	ran, err := inbox.Handle(ctx, db, "billing", msgID, func(tx *gorm.DB) error {
+//		return tx.Create(&Invoice{OrderID: order.ID}).Error
+//	})
+//	switch {
+//	case errors.Is(err, inbox.ErrInProgress):
+//		// another delivery of it is being handled right now: do not acknowledge this one
+//	case err != nil:
+//		// the handler failed and nothing of it stayed: let the broker redeliver
+//	default:
+//		// ran: handled now; !ran: handled before. Acknowledge either way.
+//	}
+//
+// Concurrent deliveries of one message do not wait for each other: exactly one runs its handler, and
+// the others return ErrInProgress at once (PostgreSQL: a transaction-level advisory lock tried without
+// waiting; MySQL/MariaDB: a named lock, GET_LOCK with a timeout of 0; SQLite, whose writers are
+// serialised anyway: a lock in the process). The record is the message id as the publishers send it:
+// see the MessageID helpers of each publisher package. Guide:
+// https://github.com/gorm-outbox/outboxplugin/blob/main/docs/consuming.md
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// DefaultTableName is the inbox table's name unless WithTable says otherwise.
+const DefaultTableName = "outbox_inbox"
+
+// DefaultRetention is how long a record is worth keeping by default: a redelivery later than this
+// (7 days, as NServiceBus keeps its inbox) runs the handler again. Cleanup deletes older records.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// MaxKeyLength bounds the consumer name and the message id, in characters: together they form the
+// table's primary key, which MySQL limits to 3072 bytes.
+const MaxKeyLength = 191
+
+var (
+	// ErrInProgress is returned by Handle when another delivery of the same message is being handled
+	// at this moment. Its outcome is not known yet: if it fails, the message must be handled again, so
+	// do not acknowledge this delivery (nack it, or let it be redelivered).
+	ErrInProgress = errors.New("inbox: the message is being handled by another delivery")
+	// ErrInvalidKey is returned for an empty or too long consumer name or message id.
+	ErrInvalidKey = errors.New("inbox: invalid consumer name or message id")
+	// ErrInvalidOption is returned by New for an option it cannot use.
+	ErrInvalidOption = errors.New("inbox: invalid option")
+)
+
+// Record is a row of the inbox table: a message a consumer has handled.
+type Record struct {
+	Consumer  string    `gorm:"primaryKey;size:191;not null"`
+	MessageID string    `gorm:"primaryKey;size:191;not null"`
+	HandledAt time.Time `gorm:"precision:6;not null;index"`
+}
+
+// Inbox is the inbox table of one database.
+type Inbox struct {
+	db      *gorm.DB
+	table   string
+	dialect string
+	locks   *keyLocks // the deliveries this Inbox is handling now
+}
+
+// Option configures an Inbox.
+type Option func(*Inbox) error
+
+var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
+
+// WithTable sets the inbox table (default DefaultTableName): a plain identifier, optionally
+// schema-qualified.
+func WithTable(name string) Option {
+	return func(in *Inbox) error {
+		if !identifierRE.MatchString(name) {
+			return fmt.Errorf("%w: table name %q", ErrInvalidOption, name)
+		}
+		in.table = name
+		return nil
+	}
+}
+
+// New returns the inbox of db, or an error wrapping ErrInvalidOption. It supports PostgreSQL,
+// MySQL/MariaDB and SQLite.
+func New(db *gorm.DB, opts ...Option) (*Inbox, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *gorm.DB", ErrInvalidOption)
+	}
+	in := &Inbox{db: db.Session(&gorm.Session{NewDB: true}), table: DefaultTableName, dialect: db.Dialector.Name(),
+		locks: &keyLocks{held: map[string]struct{}{}}}
+	switch in.dialect {
+	case "postgres", "mysql", "sqlite":
+	default:
+		return nil, fmt.Errorf("%w: database %q: want postgres, mysql or sqlite", ErrInvalidOption, in.dialect)
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(in); err != nil {
+			return nil, err
+		}
+	}
+	return in, nil
+}
+
+// AutoMigrate creates the inbox table (primary key (consumer, message_id), index on handled_at).
+func (in *Inbox) AutoMigrate(ctx context.Context) error {
+	if err := in.db.WithContext(ctx).Table(in.table).AutoMigrate(&Record{}); err != nil {
+		return fmt.Errorf("inbox: migrate %s: %w", in.table, err)
+	}
+	return nil
+}
+
+// Handle runs fn in a transaction of the inbox's database with the record of (consumer, messageID),
+// unless a record is already there. It returns true when fn ran and its transaction committed, false
+// (and no error) when an earlier delivery was handled, ErrInProgress (wrapped) when another delivery
+// is being handled right now, and fn's error (wrapped) when fn failed: its effects and the record are
+// rolled back, so a redelivery runs it again. fn must do its work through tx.
+func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func(tx *gorm.DB) error) (bool, error) {
+	fail := func(err error) (bool, error) {
+		return false, fmt.Errorf("inbox: %s/%s: %w", consumer, messageID, err)
+	}
+	if err := checkKey(consumer, messageID); err != nil {
+		return fail(err)
+	}
+	if fn == nil {
+		return fail(errors.New("nil handler"))
+	}
+	key := in.table + "\x00" + consumer + "\x00" + messageID
+	// In this Inbox first: a delivery it is handling now makes another one return at once on every
+	// database, and on SQLite it is the only lock (its writers are serialised, and a second writer
+	// would otherwise wait for the first to commit). Share one Inbox among a process's consumers.
+	if !in.locks.tryLock(key) {
+		return fail(ErrInProgress)
+	}
+	defer in.locks.unlock(key)
+
+	db := in.db.WithContext(ctx)
+	sum := lockKey(key)
+	var ran bool
+	err := in.lockAcrossProcesses(db, sum, func(conn *gorm.DB) error {
+		return conn.Transaction(func(tx *gorm.DB) error {
+			if in.dialect == "postgres" {
+				// A transaction-level advisory lock, tried without waiting: released by this
+				// transaction's COMMIT or ROLLBACK, once its record is visible to the next taker.
+				var got bool
+				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?)`, int64(sum)).Scan(&got).Error; err != nil {
+					return err
+				}
+				if !got {
+					return ErrInProgress
+				}
+			}
+			res := tx.Exec(in.insertSQL(), consumer, messageID, time.Now().UTC())
+			if res.Error != nil {
+				return res.Error
+			}
+			if res.RowsAffected == 0 {
+				return errDuplicate // handled before: roll back, run nothing
+			}
+			if err := fn(tx); err != nil {
+				return handlerError{err}
+			}
+			ran = true
+			return nil
+		})
+	})
+	var he handlerError
+	switch {
+	case err == nil:
+		return ran, nil
+	case errors.As(err, &he): // first: fn's own error is fn's, whatever it wraps
+		return fail(he.err)
+	case errors.Is(err, errDuplicate):
+		return false, nil
+	case errors.Is(err, ErrInProgress):
+		return fail(ErrInProgress)
+	case in.dialect == "sqlite" && strings.Contains(err.Error(), "database is locked"):
+		// Another process's consumer holds SQLite's write lock past the busy timeout.
+		return fail(fmt.Errorf("%w (%v)", ErrInProgress, err))
+	}
+	return fail(err)
+}
+
+// Handle is the Handle of the Inbox of db on DefaultTableName, one per connection pool of the process
+// (so that its deliveries share the lock of the process).
+func Handle(ctx context.Context, db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error) (bool, error) {
+	if db == nil || db.Statement == nil {
+		return false, fmt.Errorf("%w: nil *gorm.DB", ErrInvalidOption)
+	}
+	pool := any(db.Statement.ConnPool)
+	if sqlDB, err := db.DB(); err == nil {
+		pool = sqlDB
+	}
+	if in, ok := defaultInboxes.Load(pool); ok {
+		return in.(*Inbox).Handle(ctx, consumer, messageID, fn)
+	}
+	in, err := New(db)
+	if err != nil {
+		return false, err
+	}
+	actual, _ := defaultInboxes.LoadOrStore(pool, in)
+	return actual.(*Inbox).Handle(ctx, consumer, messageID, fn)
+}
+
+// defaultInboxes holds the Inbox of Handle per connection pool.
+var defaultInboxes sync.Map
+
+var errDuplicate = errors.New("inbox: duplicate")
+
+// handlerError carries fn's error out of the transaction, told apart from the database's.
+type handlerError struct{ err error }
+
+func (e handlerError) Error() string { return e.err.Error() }
+func (e handlerError) Unwrap() error { return e.err }
+
+func checkKey(consumer, messageID string) error {
+	for _, s := range []struct{ what, v string }{{"consumer name", consumer}, {"message id", messageID}} {
+		if s.v == "" {
+			return fmt.Errorf("%w: empty %s", ErrInvalidKey, s.what)
+		}
+		if n := len([]rune(s.v)); n > MaxKeyLength {
+			return fmt.Errorf("%w: %s of %d characters, at most %d", ErrInvalidKey, s.what, n, MaxKeyLength)
+		}
+	}
+	return nil
+}
+
+// insertSQL writes the record unless one is there, affecting no row then. Never a plain INSERT that
+// fails on the duplicate: on PostgreSQL that error would abort the transaction.
+func (in *Inbox) insertSQL() string {
+	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
+	if in.dialect == "mysql" {
+		// IGNORE turns only the duplicate key into a warning here: the key's lengths are checked
+		// before, so nothing is truncated.
+		return `INSERT IGNORE INTO ` + t + ` (consumer, message_id, handled_at) VALUES (?, ?, ?)`
+	}
+	return `INSERT INTO ` + t + ` (consumer, message_id, handled_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`
+}
+
+// lockKey is the 64-bit hash of key that names its lock on the database.
+func lockKey(key string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte("outboxplugin inbox\x00" + key))
+	return h.Sum64()
+}
+
+// lockAcrossProcesses runs fn while this session holds the named lock of key on MySQL/MariaDB, or
+// returns ErrInProgress without waiting when another session holds it: GET_LOCK with a timeout of 0,
+// on one connection kept for fn's transaction and released after it has ended, so a delivery that
+// gets the lock sees the record of any delivery before it that committed. On PostgreSQL the lock is
+// taken inside the transaction (see Handle); SQLite has the process's lock only.
+func (in *Inbox) lockAcrossProcesses(db *gorm.DB, sum uint64, fn func(conn *gorm.DB) error) error {
+	if in.dialect != "mysql" {
+		return fn(db)
+	}
+	name := fmt.Sprintf("outboxplugin_inbox_%016x", sum)
+	return db.Connection(func(conn *gorm.DB) error {
+		var got *int64
+		if err := conn.Raw(`SELECT GET_LOCK(?, 0)`, name).Scan(&got).Error; err != nil {
+			return err
+		}
+		if got == nil || *got != 1 {
+			return ErrInProgress
+		}
+		// Released on this connection whatever fn did; a lost connection releases it too.
+		defer conn.Exec(`DO RELEASE_LOCK(?)`, name)
+		return fn(conn)
+	})
+}
+
+// keyLocks is the set of keys an Inbox is handling.
+type keyLocks struct {
+	mu   sync.Mutex
+	held map[string]struct{}
+}
+
+func (l *keyLocks) tryLock(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.held[key]; ok {
+		return false
+	}
+	l.held[key] = struct{}{}
+	return true
+}
+
+func (l *keyLocks) unlock(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.held, key)
+}
+
+// cleanupBatch is how many records one statement of Cleanup deletes: short statements, so that
+// deleting a week of records does not hold locks (or SQLite's write lock) for long.
+const cleanupBatch = 1000
+
+// Cleanup deletes the records handled more than olderThan ago (DefaultRetention is the usual value),
+// cleanupBatch at a time, and returns how many it deleted. A message redelivered after its record is
+// gone is handled again.
+func (in *Inbox) Cleanup(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("inbox: Cleanup: %w: olderThan %v: want a positive age", ErrInvalidOption, olderThan)
+	}
+	cutoff := time.Now().UTC().Add(-olderThan)
+	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
+	var query string
+	switch in.dialect {
+	case "postgres": // by ctid through the handled_at index: PostgreSQL's DELETE has no LIMIT
+		query = `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + t + ` WHERE handled_at < ? LIMIT ` + fmt.Sprint(cleanupBatch) + `))`
+	case "mysql":
+		query = `DELETE FROM ` + t + ` WHERE handled_at < ? LIMIT ` + fmt.Sprint(cleanupBatch)
+	default:
+		query = `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE handled_at < ? LIMIT ` + fmt.Sprint(cleanupBatch) + `)`
+	}
+	var total int64
+	for {
+		res := in.db.WithContext(ctx).Exec(query, cutoff)
+		if res.Error != nil {
+			return total, fmt.Errorf("inbox: Cleanup of %s: %w", in.table, res.Error)
+		}
+		total += res.RowsAffected
+		if res.RowsAffected < cleanupBatch {
+			return total, nil
+		}
+	}
+}
