@@ -35,7 +35,7 @@ func (c *Console) action(q *request) {
 	}
 	user, err := c.cfg.writeAuth(q.r)
 	if err != nil {
-		c.unauthorized(q.w, q.r)
+		c.unauthorized(q.w, q.r, err)
 		return
 	}
 	q.user = user
@@ -67,7 +67,7 @@ func (c *Console) action(q *request) {
 			}
 		}
 		m.CSRF = q.r.PostFormValue("csrf")
-		c.render(q.w, q.r, http.StatusOK, "confirm", q.base, m)
+		c.show(q, "confirm", m)
 		return
 	}
 	var n int64

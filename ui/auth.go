@@ -17,9 +17,25 @@ import (
 // its own authentication in here (a session cookie, a header set by its proxy).
 type Authenticator func(r *http.Request) (user string, err error)
 
-// ErrUnauthenticated is what the Authenticators of this package return for a request without valid
-// credentials.
+// ErrUnauthenticated is what the Authenticators of this package return (wrapped) for a request
+// without valid credentials.
 var ErrUnauthenticated = errors.New("outboxui: unauthenticated")
+
+// challenger is an authentication error that says how to authenticate: the WWW-Authenticate value of
+// the 401.
+type challenger interface{ challenge() string }
+
+// refused is the error of BasicAuth and BearerToken: ErrUnauthenticated, with their challenge.
+type refused struct{ scheme string }
+
+func (e refused) Error() string        { return ErrUnauthenticated.Error() }
+func (e refused) Is(target error) bool { return target == ErrUnauthenticated }
+func (e refused) challenge() string    { return e.scheme + ` realm="outbox", charset="UTF-8"` }
+
+var (
+	basicRefused  = refused{"Basic"}
+	bearerRefused = refused{"Bearer"}
+)
 
 // BasicAuth accepts HTTP basic authentication by the users of users (name → password). Passwords
 // are compared in constant time. The browser asks for them: the console answers a request without
@@ -32,13 +48,13 @@ func BasicAuth(users map[string]string) Authenticator {
 	return func(r *http.Request) (string, error) {
 		user, pass, ok := r.BasicAuth()
 		if !ok {
-			return "", ErrUnauthenticated
+			return "", basicRefused
 		}
 		want, known := creds[user]
 		// Compared even for an unknown user, so that the time does not tell which users exist.
 		match := subtle.ConstantTimeCompare([]byte(pass), []byte(want)) == 1
 		if !known || !match || want == "" {
-			return "", ErrUnauthenticated
+			return "", basicRefused
 		}
 		return user, nil
 	}
@@ -57,7 +73,7 @@ func BearerToken(tokens map[string]string) Authenticator {
 	return func(r *http.Request) (string, error) {
 		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
-			return "", ErrUnauthenticated
+			return "", bearerRefused
 		}
 		user := ""
 		for _, e := range known { // every token compared, in constant time
@@ -66,7 +82,7 @@ func BearerToken(tokens map[string]string) Authenticator {
 			}
 		}
 		if user == "" {
-			return "", ErrUnauthenticated
+			return "", bearerRefused
 		}
 		return user, nil
 	}

@@ -318,7 +318,7 @@ func TestMutations(t *testing.T) {
 		ask.Del("confirm")
 		res, body := c.post("/outbox/action", ask)
 		wantStatus(t, res, body, http.StatusOK)
-		if !strings.Contains(body, "Yes, requeue") || !strings.Contains(body, f.deadA1) {
+		if !strings.Contains(body, "Yes, requeue") || !strings.Contains(body, f.deadA1) || !strings.Contains(body, "· alice") {
 			t.Errorf("confirmation page:\n%s", body)
 		}
 		if got := stateOf(t, d, f.deadA1); got != outboxplugin.StateDead {
@@ -390,8 +390,8 @@ func TestReadAuthHidePayloadsAndBasePath(t *testing.T) {
 	srv, _ := serve(t, d, outboxui.WithReadAuth(outboxui.BearerToken(map[string]string{"tok-123": "grafana"})), outboxui.WithHidePayloads())
 	c := newClient(t, srv.URL)
 	res, body := c.get("/outbox/")
-	if res.StatusCode != http.StatusUnauthorized {
-		t.Errorf("read auth: GET without a token answered %d", res.StatusCode)
+	if res.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(res.Header.Get("WWW-Authenticate"), "Bearer ") {
+		t.Errorf("read auth: GET without a token answered %d, challenge %q", res.StatusCode, res.Header.Get("WWW-Authenticate"))
 	}
 	noStackTrace(t, body)
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/outbox/events/"+f.deadB, nil)
@@ -403,6 +403,16 @@ func TestReadAuthHidePayloadsAndBasePath(t *testing.T) {
 	}
 	if !strings.Contains(body, `href="/outbox/dead"`) {
 		t.Error("links do not start at the mount path /outbox/")
+	}
+	if !strings.Contains(body, "· grafana") {
+		t.Error("the page does not name its user")
+	}
+
+	// The application's own Authenticator: a 401 without a challenge of ours.
+	own, _ := serve(t, d, outboxui.WithReadAuth(func(*http.Request) (string, error) { return "", errors.New("no session") }))
+	res, _ = newClient(t, own.URL).get("/outbox/")
+	if res.StatusCode != http.StatusUnauthorized || res.Header.Get("WWW-Authenticate") != "" {
+		t.Errorf("own authenticator: %d, challenge %q", res.StatusCode, res.Header.Get("WWW-Authenticate"))
 	}
 
 	// WithBasePath for routers other than ServeMux; bad options.

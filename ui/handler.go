@@ -127,7 +127,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c.cfg.readAuth != nil {
 		user, err := c.cfg.readAuth(r)
 		if err != nil {
-			c.unauthorized(w, r)
+			c.unauthorized(w, r, err)
 			return
 		}
 		req.user = user
@@ -184,17 +184,21 @@ type request struct {
 
 func (q *request) ctx() context.Context { return q.r.Context() }
 
-// unauthorized answers a request without the credentials it needs: 401, with a challenge the
-// browser answers by asking for a user and password.
-func (c *Console) unauthorized(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("WWW-Authenticate", `Basic realm="outbox", charset="UTF-8"`)
+// unauthorized answers a request without the credentials it needs: 401, with the challenge of the
+// Authenticator that refused it (BasicAuth's makes the browser ask for a user and password), and
+// none for an application's own.
+func (c *Console) unauthorized(w http.ResponseWriter, r *http.Request, err error) {
+	var ch challenger
+	if errors.As(err, &ch) {
+		w.Header().Set("WWW-Authenticate", ch.challenge())
+	}
 	c.fail(w, r, http.StatusUnauthorized, "This needs a user the console accepts.")
 }
 
 // fail answers with an error page of its own: no stack trace, no database error text (the log has
 // it).
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, message string) {
-	c.render(w, r, status, "error", c.basePath(r), map[string]any{"Status": status, "StatusText": http.StatusText(status), "Message": message})
+	c.render(w, r, status, "error", c.basePath(r), "", map[string]any{"Status": status, "StatusText": http.StatusText(status), "Message": message})
 }
 
 // adminError answers a failed Admin call: 400 for a filter it refused, 404 for an event it does not

@@ -3,7 +3,6 @@ package outboxui
 import (
 	"bytes"
 	"encoding/json"
-	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -36,7 +35,7 @@ func (c *Console) overview(q *request) {
 		c.adminError(q, "the activity", err)
 		return
 	}
-	c.render(q.w, q.r, http.StatusOK, "overview", q.base, overviewData{Stats: st, Activity: act, Chart: newChart(act)})
+	c.show(q, "overview", overviewData{Stats: st, Activity: act, Chart: newChart(act)})
 }
 
 // chart is the overview's bar chart of Activity, drawn as inline SVG by the template.
@@ -128,7 +127,7 @@ func (c *Console) events(q *request) {
 		next.Set("cursor", page.Next)
 		d.NextURL = q.base + "events?" + next.Encode()
 	}
-	c.render(q.w, q.r, http.StatusOK, "events", q.base, &d)
+	c.show(q, "events", &d)
 }
 
 // parseFilter reads the events page's query, or says what in it cannot be used.
@@ -231,7 +230,7 @@ func (c *Console) event(q *request, escaped string) {
 		d.HeaderNames = append(d.HeaderNames, k)
 	}
 	slices.Sort(d.HeaderNames)
-	c.render(q.w, q.r, http.StatusOK, "event", q.base, d)
+	c.show(q, "event", d)
 }
 
 type deadData struct {
@@ -281,5 +280,5 @@ func (c *Console) dead(q *request) {
 		}
 		d.List = list
 	}
-	c.render(q.w, q.r, http.StatusOK, "dead", q.base, d)
+	c.show(q, "dead", d)
 }

@@ -42,10 +42,15 @@ type view struct {
 	Data    any
 }
 
+// show renders a page of q with status 200, naming q's user in its header.
+func (c *Console) show(q *request, page string, data any) {
+	c.render(q.w, q.r, http.StatusOK, page, q.base, q.user, data)
+}
+
 // render writes the page with status. A template error (a bug, not the request) is logged and
 // answered with a bare 500.
-func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page, base string, data any) {
-	v := view{Title: c.cfg.title, Base: base, Page: page, Writes: c.cfg.writeAuth != nil, Now: now().UTC(), Data: data}
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page, base, user string, data any) {
+	v := view{Title: c.cfg.title, Base: base, Page: page, Writes: c.cfg.writeAuth != nil, User: user, Now: now().UTC(), Data: data}
 	if v.Writes {
 		v.CSRF = c.csrf.token(w, r, base)
 	}
