@@ -2,6 +2,7 @@ package outboxplugin
 
 import (
 	"context"
+	"time"
 
 	"gorm.io/gorm/schema"
 )
@@ -65,6 +66,10 @@ type Event struct {
 	Headers map[string]string
 	// Skip set to true drops the event: the row is written without one.
 	Skip bool
+	// DeliverAt delays the event: it is published no earlier than this time (at least once, by the
+	// first poll of a worker after it; see DeliverAfter). Zero, or a time already past, publishes it
+	// at once.
+	DeliverAt time.Time
 }
 
 // EventCustomizer is implemented by models that shape or drop their own events. The plugin calls

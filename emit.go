@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -25,6 +26,25 @@ func WithAggregate(aggregateType, aggregateID string) EmitOption {
 func WithHeaders(h map[string]string) EmitOption {
 	return func(_ *pendingEvent, headers map[string]string) {
 		maps.Copy(headers, h)
+	}
+}
+
+// DeliverAfter delays an emitted event by d: it is published no earlier than d after it was written,
+// at least once, by the first poll of a worker after that (workers poll every WithPollInterval, 1 s by
+// default; the wake-up of a commit does not wait for the delay). A d of zero or less publishes it at
+// once. With WithKeyOrdering, a delayed event holds back the later events of its key until it is
+// published; without it, later events of the key may be published before it.
+func DeliverAfter(d time.Duration) EmitOption {
+	return func(e *pendingEvent, _ map[string]string) {
+		e.deliverAt = deliverAt(e.createdAt.Add(d), e.createdAt)
+	}
+}
+
+// DeliverAt is DeliverAfter with a time: the event is published no earlier than t. A zero t, or one
+// not after the event's write, publishes it at once.
+func DeliverAt(t time.Time) EmitOption {
+	return func(e *pendingEvent, _ map[string]string) {
+		e.deliverAt = deliverAt(t, e.createdAt)
 	}
 }
 

@@ -21,6 +21,7 @@ type pendingEvent struct {
 	payload       string
 	headers       *string // nil: SQL NULL
 	createdAt     time.Time
+	deliverAt     *time.Time // DeliverAfter, DeliverAt: not published before; nil: at once
 }
 
 var customizerType = reflect.TypeFor[EventCustomizer]()
@@ -161,6 +162,7 @@ func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev
 	}
 	ev.eventType, ev.aggregateType, ev.aggregateID = e.Type, e.AggregateType, e.AggregateID
 	ev.payload, ev.headers = payload, hdr
+	ev.deliverAt = deliverAt(e.DeliverAt, ev.createdAt)
 	return false, nil
 }
 
@@ -254,4 +256,14 @@ func assignedValues(ctx context.Context, s *schema.Schema, stored reflect.Value,
 		values = append(values, v)
 	}
 	return names, values
+}
+
+// deliverAt is the time a delayed event becomes due, or nil for one due at once (a zero time, or one
+// not after the event's creation).
+func deliverAt(t, created time.Time) *time.Time {
+	if t.IsZero() || !t.After(created) {
+		return nil
+	}
+	t = t.UTC()
+	return &t
 }

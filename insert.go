@@ -21,6 +21,7 @@ type insertShape struct {
 	dialect string
 	rows    int // -1: unnest, any number of rows
 	notify  bool
+	delayed bool // with next_attempt_at (delayedSQL)
 }
 
 // insertStrategy is how the events of one transaction (or statement) reach the table.
@@ -85,14 +86,24 @@ func (p *Plugin) insertNow(db *gorm.DB, pool gorm.ConnPool, events []pendingEven
 	ctx := db.Statement.Context
 	strategy := p.strategy(db)
 	for len(events) > 0 {
-		n := min(len(events), maxRowsPerInsert)
+		// A run of events of one kind, delayed (DeliverAfter, DeliverAt) or not, in their order: the
+		// ids keep the order of the writes, which per-key ordering follows.
+		delayed := events[0].deliverAt != nil
+		n := 1
+		for n < len(events) && n < maxRowsPerInsert && (events[n].deliverAt != nil) == delayed {
+			n++
+		}
 		var (
 			query string
 			args  []any
 		)
-		if strategy == insertUnnest && n > 1 {
+		switch {
+		case delayed:
+			// Not due before its time: no wake-up either, the relay polls for it.
+			query, args = p.delayedSQL(db, n), delayedArgs(events[:n])
+		case strategy == insertUnnest && n > 1:
 			query, args = p.unnestSQL(db, notify), unnestArgs(events[:n])
-		} else {
+		default:
 			query, args = p.valuesSQL(db, n, notify), valuesArgs(events[:n])
 		}
 		start := time.Now()
@@ -240,6 +251,57 @@ func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 		b := p.insertHead(stmt, notify)
 		b.WriteString("SELECT m,t,a,i,p::json,h::json,c")
 		b.WriteString(from.String())
+		return b.String()
+	})
+}
+
+func delayedArgs(events []pendingEvent) []any {
+	args := make([]any, 0, len(events)*(len(insertColumns)+1))
+	for i := range events {
+		e := &events[i]
+		var headers any
+		if e.headers != nil {
+			headers = *e.headers
+		}
+		args = append(args, e.messageID, e.eventType, e.aggregateType, e.aggregateID, e.payload, headers, e.createdAt,
+			e.deliverAt.UTC().Truncate(time.Microsecond))
+	}
+	return args
+}
+
+// delayedSQL is INSERT INTO t (..., next_attempt_at) VALUES (...), ... for n delayed events: the
+// claim takes a row whose next_attempt_at has come as a due one, and leaves it alone before, so a
+// delayed event lies past the end of the claim index's due run until its time (see OutboxEvent).
+func (p *Plugin) delayedSQL(db *gorm.DB, n int) string {
+	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n, delayed: true}, func() string {
+		stmt := &gorm.Statement{DB: db}
+		pg := db.Dialector.Name() == "postgres"
+		b := p.insertHead(stmt, false)
+		// insertHead closed the column list after created_at: reopen it for next_attempt_at.
+		head := strings.TrimSuffix(b.String(), ") ")
+		b.Reset()
+		b.WriteString(head + "," + stmt.Quote("next_attempt_at") + ") VALUES ")
+		for r := 0; r < n; r++ {
+			if r > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteByte('(')
+			for c := 0; c <= len(insertColumns); c++ {
+				if c > 0 {
+					b.WriteByte(',')
+				}
+				stmt.Vars = append(stmt.Vars, nil)
+				db.Dialector.BindVarTo(b, stmt, nil)
+				if pg {
+					if c < len(insertColumns) {
+						b.WriteString(pgValueCasts[c])
+					} else {
+						b.WriteString("::timestamptz")
+					}
+				}
+			}
+			b.WriteByte(')')
+		}
 		return b.String()
 	})
 }
