@@ -67,10 +67,11 @@ type Record struct {
 
 // Inbox is the inbox table of one database.
 type Inbox struct {
-	db      *gorm.DB
-	table   string
-	dialect string
-	locks   *keyLocks // the deliveries this Inbox is handling now
+	db        *gorm.DB
+	table     string
+	dialect   string
+	retention time.Duration
+	locks     *keyLocks // the deliveries this Inbox is handling now
 }
 
 // Option configures an Inbox.
@@ -90,6 +91,19 @@ func WithTable(name string) Option {
 	}
 }
 
+// WithRetention sets how long Cleanup and RunCleanup keep a record (default DefaultRetention). Keep
+// it longer than the broker can take to redeliver a message: a redelivery after its record is gone
+// runs the handler again.
+func WithRetention(d time.Duration) Option {
+	return func(in *Inbox) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: retention %v: want a positive duration", ErrInvalidOption, d)
+		}
+		in.retention = d
+		return nil
+	}
+}
+
 // New returns the inbox of db, or an error wrapping ErrInvalidOption. It supports PostgreSQL,
 // MySQL/MariaDB and SQLite.
 func New(db *gorm.DB, opts ...Option) (*Inbox, error) {
@@ -97,7 +111,7 @@ func New(db *gorm.DB, opts ...Option) (*Inbox, error) {
 		return nil, fmt.Errorf("%w: nil *gorm.DB", ErrInvalidOption)
 	}
 	in := &Inbox{db: db.Session(&gorm.Session{NewDB: true}), table: DefaultTableName, dialect: db.Dialector.Name(),
-		locks: &keyLocks{held: map[string]struct{}{}}}
+		retention: DefaultRetention, locks: &keyLocks{held: map[string]struct{}{}}}
 	switch in.dialect {
 	case "postgres", "mysql", "sqlite":
 	default:
@@ -306,12 +320,15 @@ func (l *keyLocks) unlock(key string) {
 // deleting a week of records does not hold locks (or SQLite's write lock) for long.
 const cleanupBatch = 1000
 
-// Cleanup deletes the records handled more than olderThan ago (DefaultRetention is the usual value),
-// cleanupBatch at a time, and returns how many it deleted. A message redelivered after its record is
-// gone is handled again.
+// Cleanup deletes the records handled more than olderThan ago (0: the Inbox's retention,
+// DefaultRetention unless WithRetention), cleanupBatch at a time, and returns how many it deleted. A
+// message redelivered after its record is gone is handled again.
 func (in *Inbox) Cleanup(ctx context.Context, olderThan time.Duration) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("inbox: Cleanup: %w: olderThan %v: want a positive age", ErrInvalidOption, olderThan)
+	if olderThan < 0 {
+		return 0, fmt.Errorf("inbox: Cleanup: %w: olderThan %v: want a positive age, or 0 for the retention", ErrInvalidOption, olderThan)
+	}
+	if olderThan == 0 {
+		olderThan = in.retention
 	}
 	cutoff := time.Now().UTC().Add(-olderThan)
 	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
@@ -333,6 +350,26 @@ func (in *Inbox) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 		total += res.RowsAffected
 		if res.RowsAffected < cleanupBatch {
 			return total, nil
+		}
+	}
+}
+
+// RunCleanup runs Cleanup with the Inbox's retention every interval until ctx ends, and returns nil
+// then. A failed cleanup is retried at the next interval; onError (if not nil) hears of it.
+func (in *Inbox) RunCleanup(ctx context.Context, every time.Duration, onError func(error)) error {
+	if every <= 0 {
+		return fmt.Errorf("inbox: RunCleanup: %w: interval %v: want a positive duration", ErrInvalidOption, every)
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if _, err := in.Cleanup(ctx, 0); err != nil && ctx.Err() == nil && onError != nil {
+				onError(err)
+			}
 		}
 	}
 }

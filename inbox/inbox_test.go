@@ -211,8 +211,11 @@ func TestHandleRefusesBadInput(t *testing.T) {
 		assert.ErrorIs(t, err, inbox.ErrInvalidOption)
 		_, err = inbox.New(nil)
 		assert.ErrorIs(t, err, inbox.ErrInvalidOption)
-		_, err = in.Cleanup(ctx, 0)
+		_, err = in.Cleanup(ctx, -time.Hour)
 		assert.ErrorIs(t, err, inbox.ErrInvalidOption)
+		_, err = inbox.New(db, inbox.WithRetention(0))
+		assert.ErrorIs(t, err, inbox.ErrInvalidOption)
+		assert.ErrorIs(t, in.RunCleanup(ctx, 0, nil), inbox.ErrInvalidOption)
 	})
 }
 
@@ -231,7 +234,7 @@ func TestCleanup(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ran)
 
-		n, err := in.Cleanup(ctx, inbox.DefaultRetention)
+		n, err := in.Cleanup(ctx, 0) // the default retention: 7 days
 		require.NoError(t, err)
 		assert.EqualValues(t, old, n)
 		var left int64
@@ -240,5 +243,39 @@ func TestCleanup(t *testing.T) {
 		ran, err = in.Handle(ctx, "billing", "old-7", func(*gorm.DB) error { return nil })
 		require.NoError(t, err)
 		assert.True(t, ran, "a record cleaned up is handled again")
+	})
+}
+
+// RunCleanup cleans up on its interval until its context ends, with the Inbox's retention.
+func TestRunCleanup(t *testing.T) {
+	forEachDB(t, func(t *testing.T, db *gorm.DB) {
+		in, err := inbox.New(db, inbox.WithRetention(time.Hour))
+		require.NoError(t, err)
+		require.NoError(t, in.AutoMigrate(context.Background()))
+		require.NoError(t, db.Table(inbox.DefaultTableName).Create(&[]inbox.Record{
+			{Consumer: "billing", MessageID: "old", HandledAt: time.Now().UTC().Add(-2 * time.Hour)},
+			{Consumer: "billing", MessageID: "new", HandledAt: time.Now().UTC()},
+		}).Error)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- in.RunCleanup(ctx, 10*time.Millisecond, func(err error) { t.Error(err) }) }()
+		for {
+			var left int64
+			require.NoError(t, db.Table(inbox.DefaultTableName).Count(&left).Error)
+			if left == 1 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("RunCleanup did not delete the old record")
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		cancel()
+		require.NoError(t, <-done)
+		var kept []string
+		require.NoError(t, db.Table(inbox.DefaultTableName).Pluck("message_id", &kept).Error)
+		assert.Equal(t, []string{"new"}, kept)
 	})
 }
