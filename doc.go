@@ -8,11 +8,14 @@
 // claims them with SELECT … FOR UPDATE SKIP LOCKED under a lease, publishes, and marks them done.
 // Several workers, in one process or many, may run on one table. An Admin (NewAdmin) shows and
 // repairs the outbox without a broker: counts per state, event lists, requeue of failed events.
+// DeliverAfter and DeliverAt delay an event. On the consuming side, the inbox package runs a
+// handler once per message however often it is delivered.
 //
 // The guides:
 //   - what is captured, for every write path: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/capture.md
 //   - the relay, its options and its guarantees: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/relay.md
 //   - the publishers: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/publishers.md
+//   - consuming, the inbox and de-duplication per broker: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/consuming.md
 //   - operating it (the Admin API, states, what each query reads): https://github.com/gorm-outbox/outboxplugin/blob/main/docs/operations.md
 //   - reliability tests and their figures: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/reliability.md
 //   - benchmarks: https://github.com/gorm-outbox/outboxplugin/blob/main/docs/benchmarks.md
