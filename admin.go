@@ -85,7 +85,7 @@ func NewAdmin(db *gorm.DB, opts ...AdminOption) (*Admin, error) {
 		}
 	}
 	db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
-	q, err := newRelaySQL(db, cfg.table, false, DefaultBatchSize)
+	q, err := newRelaySQL(db, cfg.table, false, DefaultBatchSize, 0)
 	if err != nil {
 		return fail(err)
 	}
@@ -367,10 +367,18 @@ type EventInfo struct {
 	// LockedBy and LockedUntil are the lease of a leased event (and what is left of an expired one).
 	LockedBy    string
 	LockedUntil *time.Time
+	// History is the event's last failed attempts (WithAttemptHistory of the workers, 10 by default),
+	// oldest first, newest last; nil when none failed. It is read with the rest of the row, by the
+	// same query, and kept across requeues (the attempt numbers start again at 1 after one). A history
+	// edited by hand into something that does not decode reads as nil.
+	History []Attempt
 }
 
+// adminColumns are the columns the Admin reads of an event. attempt_history is among them: a table of
+// an earlier version needs outboxplugin.AutoMigrate (which adds it without rewriting the table) before
+// the Admin reads it. It costs a listing little: NULL until an event fails, and bounded after.
 const adminColumns = `c.id, c.message_id, c.event_type, c.aggregate_type, c.aggregate_id, c.payload, c.headers, c.created_at, ` +
-	`c.processed, c.processed_at, c.attempts, c.next_attempt_at, c.last_error, c.dead_at, c.locked_by, c.locked_until`
+	`c.processed, c.processed_at, c.attempts, c.next_attempt_at, c.last_error, c.dead_at, c.locked_by, c.locked_until, c.attempt_history`
 
 const (
 	defaultPageSize = 50
@@ -672,11 +680,14 @@ func (a *Admin) scanEvents(ctx context.Context, at time.Time, query string, args
 			lockedUntil                          any
 			lastError, lockedBy                  sql.NullString
 			processed                            bool
+			history                              AttemptHistory
 		)
 		if err := rows.Scan(&e.ID, &e.MessageID, &e.EventType, &e.AggregateType, &e.AggregateID, &payload, &headers, &created,
-			&processed, &processedAt, &e.Attempts, &nextAt, &lastError, &deadAt, &lockedBy, &lockedUntil); err != nil {
+			&processed, &processedAt, &e.Attempts, &nextAt, &lastError, &deadAt, &lockedBy, &lockedUntil, &history); err != nil {
 			return nil, err
 		}
+		// An event that cannot be shown whole is still shown: its history is what helps least.
+		e.History, _ = history.Attempts()
 		e.Payload = json.RawMessage(payload)
 		if len(headers) > 0 && string(headers) != "null" {
 			if err := json.Unmarshal(headers, &e.Headers); err != nil {

@@ -97,12 +97,12 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, 
 	}
 	for _, g := range o.retries {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, g.next)
+			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, g.next, g.attempt)
 		})
 	}
 	for _, d := range o.dead {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markDead(ctx, ex, w.owner, []int64{d.id}, d.err, now)
+			return w.sql.markDead(ctx, ex, w.owner, []int64{d.id}, d.err, now, d.attempt)
 		})
 	}
 	for _, g := range groupReleased(o.released) {
@@ -197,14 +197,12 @@ func appendNew(list []string, s string) []string {
 	return append(list, s)
 }
 
+// errorText is err's text as last_error keeps it: at most 2000 bytes, cut on a rune boundary, with
+// what the databases refuse in a text replaced (see cutText): a cut in the middle of a character, or
+// a NUL, made the statement recording the failure fail.
 func errorText(err error) string {
 	if err == nil {
 		return ""
 	}
-	s := err.Error()
-	const maxLen = 2000
-	if len(s) > maxLen {
-		s = s[:maxLen]
-	}
-	return s
+	return cutText(err.Error(), 2000)
 }

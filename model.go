@@ -24,8 +24,9 @@ const DefaultTableName = "outbox_events"
 // processed). The others carry what a relay needs without a later migration: a message id that is
 // stable across retries and unique (a UUIDv7, for consumers to de-duplicate on), the aggregate the
 // event belongs to (type and id, which together form the message key), headers, the retry
-// bookkeeping (attempts, next attempt time, last error), the time it was processed, the time it was
-// given up on (dead), and a lease (owner and expiry) for relays that claim rows before publishing.
+// bookkeeping (attempts, next attempt time, last error, and the history of the last failed attempts),
+// the time it was processed, the time it was given up on (dead), and a lease (owner and expiry) for
+// relays that claim rows before publishing.
 //
 // db.AutoMigrate(&OutboxEvent{}) creates the table with three indexes: the primary key; the
 // reference's (processed, created_at), which makes cleanup of old processed rows cheap; and the claim
@@ -64,6 +65,9 @@ type OutboxEvent struct {
 	DeadAt        *time.Time `gorm:"precision:6;index:,composite:claim,priority:2,where:processed = false AND dead_at IS NULL"`
 	LockedBy      *string    `gorm:"size:64"`
 	LockedUntil   *time.Time `gorm:"precision:6"`
+	// AttemptHistory is the event's last failed attempts, oldest first (NULL until the first): see
+	// AttemptHistory and WithAttemptHistory. The relay writes it; rows written by hand leave it nil.
+	AttemptHistory AttemptHistory
 }
 
 // TableName returns DefaultTableName. A plugin configured WithTableName writes elsewhere; migrate

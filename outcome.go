@@ -35,6 +35,9 @@ const (
 type delivery struct {
 	kind deliveryKind
 	err  error
+	// took is how long the publish that decided it took, from its start (deliver's call) to its end:
+	// the attempt's duration in the event's history.
+	took time.Duration
 }
 
 // splitBudget is how many calls a batch may fail as a whole, naming no message, while the broker has
@@ -47,7 +50,14 @@ const splitBudget = 7
 func (w *Worker) deliver(ctx context.Context, msgs []Message) []delivery {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
 	defer cancel()
+	start := time.Now()
 	out, unknown := splitPublish(pctx, msgs, w.call)
+	// One duration for the whole publish: a message's verdict is known when the publish that split
+	// its batch ends, and the messages of a statement (retryGroup) share one history entry.
+	took := time.Since(start)
+	for i := range out {
+		out[i].took = took
+	}
 	if len(unknown) > 0 {
 		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
 			slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)), slog.Int("count", len(unknown)))
@@ -189,14 +199,16 @@ type outcome struct {
 }
 
 type retryGroup struct {
-	ids  []int64
-	next time.Time
-	err  string
+	ids     []int64
+	next    time.Time
+	err     string
+	attempt attemptRecord // for the rows' histories
 }
 
 type deadRow struct {
-	id  int64
-	err string
+	id      int64
+	err     string
+	attempt attemptRecord
 }
 
 type releasedRow struct {
@@ -207,7 +219,9 @@ type releasedRow struct {
 // decide turns a batch's deliveries into what to write. It is pure: rows and out are aligned, and
 // stopping says the worker is shutting down (a message not delivered is then handed back, whatever
 // the reason). Refused messages at attempt maxAttempts or more are dead; the others wait for
-// retry.Backoff(attempt), grouped so that messages that failed alike share one statement.
+// retry.Backoff(attempt), grouped so that messages that failed alike share one statement. Each refusal
+// comes with the record of its attempt, for the event's history; messages not delivered have none
+// (their attempt is given back).
 func decide(rows []claimedRow, out []delivery, stopping bool, maxAttempts int, retry RetryPolicy, now time.Time) outcome {
 	var o outcome
 	groups := map[string]int{}
@@ -226,7 +240,7 @@ func decide(rows []claimedRow, out []delivery, stopping bool, maxAttempts int, r
 			o.unsent = append(o.unsent, FailedMessage{Message: r.msg, Err: d.err})
 		case r.msg.Attempt >= maxAttempts:
 			refusedN++
-			o.dead = append(o.dead, deadRow{id: r.id, err: errorText(d.err)})
+			o.dead = append(o.dead, deadRow{id: r.id, err: errorText(d.err), attempt: failedAttempt(now, r.msg.Attempt, d.err, d.took)})
 			o.failed = append(o.failed, FailedMessage{Message: r.msg, Err: d.err, Dead: true})
 		default:
 			refusedN++
@@ -236,7 +250,10 @@ func decide(rows []claimedRow, out []delivery, stopping bool, maxAttempts int, r
 			if !ok {
 				g = len(o.retries)
 				groups[key] = g
-				o.retries = append(o.retries, retryGroup{next: now.Add(retry.Backoff(r.msg.Attempt)), err: msg})
+				// Grouped by attempt and error text: the group's rows share the history entry
+				// of the first (they failed in one publish, whose duration they share too).
+				o.retries = append(o.retries, retryGroup{next: now.Add(retry.Backoff(r.msg.Attempt)), err: msg,
+					attempt: failedAttempt(now, r.msg.Attempt, d.err, d.took)})
 			}
 			o.retries[g].ids = append(o.retries[g].ids, r.id)
 			o.failed = append(o.failed, FailedMessage{Message: r.msg, Err: d.err, NextAttempt: o.retries[g].next})

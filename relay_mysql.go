@@ -268,3 +268,20 @@ func (*mysqlRelay) listens() bool { return false }
 func (*mysqlRelay) retryable(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "Error 1213 (40001)")
 }
+
+// appendHistory appends with JSON_ARRAY_APPEND, after a path range of the last keep entries (a range
+// always returns an array; one that starts before the first entry starts at it). A NULL history, or an
+// empty one (whose range matches nothing), is an empty array.
+func (*mysqlRelay) appendHistory(keep int, entry string) string {
+	if keep == 0 {
+		return `JSON_ARRAY(` + entry + `)`
+	}
+	return `JSON_ARRAY_APPEND(COALESCE(JSON_EXTRACT(attempt_history, '$[last-` + strconv.Itoa(keep-1) + ` to last]'), JSON_ARRAY()), '$', ` + entry + `)`
+}
+
+// jsonParam parses the text with JSON_EXTRACT: a plain string would be appended as a JSON string.
+func (*mysqlRelay) jsonParam() string { return `JSON_EXTRACT(?, '$')` }
+
+func (*mysqlRelay) jsonObject(pairs ...string) string {
+	return `JSON_OBJECT(` + strings.Join(pairs, ", ") + `)`
+}

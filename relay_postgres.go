@@ -171,3 +171,18 @@ func (*pgRelay) listens() bool { return true }
 // retryable: a claim is one statement that takes row locks in index order with SKIP LOCKED; it does not
 // deadlock with another claim, and other errors are not the claim's to retry.
 func (*pgRelay) retryable(error) bool { return false }
+
+// appendHistory appends with jsonb's ||, after a jsonpath slice of the last keep entries: lax mode
+// clamps the slice's start at the array's, so a short history is kept whole, and a NULL one is empty.
+func (*pgRelay) appendHistory(keep int, entry string) string {
+	if keep == 0 {
+		return `jsonb_build_array(` + entry + `)`
+	}
+	return `COALESCE(jsonb_path_query_array(attempt_history, '$[last - ` + strconv.Itoa(keep-1) + ` to last]'), '[]') || jsonb_build_array(` + entry + `)`
+}
+
+func (*pgRelay) jsonParam() string { return `?::jsonb` }
+
+func (*pgRelay) jsonObject(pairs ...string) string {
+	return `jsonb_build_object(` + strings.Join(pairs, ", ") + `)`
+}

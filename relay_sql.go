@@ -38,6 +38,11 @@ type relaySQL struct {
 
 	keyOrdering bool
 	batchSize   int
+
+	// history is how many failed attempts a row's attempt_history keeps (0: none is written), and
+	// historySet the assignment that appends one, bound to a JSON entry (see history.go).
+	history    int
+	historySet string
 }
 
 // relayDialect is what differs between databases in the relay's SQL, one implementation per database
@@ -75,6 +80,15 @@ type relayDialect interface {
 	// retryable reports whether a claim that failed with err rolled back whole and may simply be run
 	// again at once (MySQL's deadlock victim).
 	retryable(err error) bool
+	// appendHistory is the new value of attempt_history: the last keep entries of the current one,
+	// then entry, an expression of a JSON object. It reads attempt_history, no other column.
+	appendHistory(keep int, entry string) string
+	// jsonParam is a bind variable that takes a JSON document as text, as the dialect's JSON
+	// functions take a document.
+	jsonParam() string
+	// jsonObject builds a JSON object of keys (SQL string literals) and values (SQL expressions),
+	// alternating.
+	jsonObject(pairs ...string) string
 }
 
 // returnedColumns are the columns a claim reads back, in scan order.
@@ -90,7 +104,21 @@ const unfinishedDelivery = "outboxplugin: an earlier delivery did not finish (it
 // in the claim's SET list: MySQL evaluates assignments left to right, so locked_by is still the old one.
 const stampUnfinished = `last_error = CASE WHEN locked_by IS NOT NULL THEN '` + unfinishedDelivery + `' ELSE last_error END, `
 
-func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*relaySQL, error) {
+// stampUnfinishedHistory is, with a history kept, the assignment that appends the delivery that did
+// not finish to a row taken over from an expired lease: when its lease ran out (locked_until), the
+// worker that held it (locked_by), its attempt number (attempts, not yet counted up by the claim) and
+// no duration, which nobody saw end. It is built from the row's own columns, so the claim takes no
+// parameter more; it follows stampUnfinished, before the assignments of the new lease, for MySQL's left
+// to right evaluation. Rows claimed fresh or due (locked_by NULL) take the ELSE branch: their history
+// is assigned to itself, which costs the claim a comparison per row (measured in docs/relay.md).
+func stampUnfinishedHistory(d relayDialect, keep int) string {
+	entry := d.jsonObject(`'at'`, `locked_until`, `'attempt'`, `attempts`, `'worker'`, `locked_by`, `'error'`, `'`+unfinishedDelivery+`'`)
+	return `attempt_history = CASE WHEN locked_by IS NOT NULL THEN ` + d.appendHistory(keep, entry) + ` ELSE attempt_history END, `
+}
+
+// newRelaySQL writes the relay's SQL for table. history is how many failed attempts each row keeps
+// (0: the statements leave attempt_history alone).
+func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history int) (*relaySQL, error) {
 	var d relayDialect
 	switch dialect := db.Dialector.Name(); dialect {
 	case "postgres":
@@ -107,7 +135,12 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 		return nil, fmt.Errorf("the relay needs a *sql.DB: %w", err)
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize}
+	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history}
+	stamp := stampUnfinished
+	if history > 0 {
+		q.historySet = `attempt_history = ` + d.appendHistory(history-1, d.jsonParam()) + `, `
+		stamp += stampUnfinishedHistory(d, history-1)
+	}
 
 	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
 	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
@@ -149,7 +182,7 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize int) (*r
 		limit: ` LIMIT ` + strconv.Itoa(batchSize),
 		lock:  lock,
 		table: q.table,
-		stamp: `UPDATE ` + q.table + ` SET ` + stampUnfinished + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `,
+		stamp: `UPDATE ` + q.table + ` SET ` + stamp + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `,
 	})
 	return q, nil
 }
@@ -440,21 +473,32 @@ func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b done
 	return res.RowsAffected()
 }
 
-// markRetry records failed deliveries that will be retried at next.
-func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids []int64, lastError string, next time.Time) error {
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
-		[]any{lastError, next}, ids, ` AND locked_by = ?`, owner)
+// markRetry records failed deliveries that will be retried at next, and appends rec to their
+// histories.
+func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids []int64, lastError string, next time.Time, rec attemptRecord) error {
+	head := []any{lastError, next}
+	if q.history > 0 {
+		head = append(head, rec.entry(owner))
+	}
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = ?, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
+		head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
-// markDead records events given up on.
-func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, locked_by = NULL, locked_until = NULL WHERE `,
-		[]any{lastError, now}, ids, ` AND locked_by = ?`, owner)
+// markDead records events given up on after a failed delivery, and appends rec to their histories.
+func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time, rec attemptRecord) error {
+	head := []any{lastError, now}
+	if q.history > 0 {
+		head = append(head, rec.entry(owner))
+	}
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
+		head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
-// bury marks claimed rows dead before any delivery, giving back the attempt their claim counted.
+// bury marks claimed rows dead before any delivery, giving back the attempt their claim counted. It
+// appends nothing to their histories: no delivery was attempted (a row taken over from an unfinished
+// delivery got that delivery's entry from its claim).
 func (q *relaySQL) bury(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
 	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, attempts = attempts - 1, locked_by = NULL, locked_until = NULL WHERE `,
 		[]any{lastError, now}, ids, ` AND locked_by = ?`, owner)
@@ -491,7 +535,8 @@ func execRenew(ctx context.Context, db *sql.DB, query string, args []any) (map[i
 }
 
 // release hands rows back unpublished, without counting the attempt; a non-empty lastError is
-// recorded as the rows' last error.
+// recorded as the rows' last error. Their histories are left alone: an attempt not counted is not one
+// of the history's (see history.go).
 func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []int64, lastError string) error {
 	set := `UPDATE ` + q.table + ` SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1`
 	var head []any
@@ -513,7 +558,8 @@ func (q *relaySQL) cleanupChunk(ctx context.Context, ex execer, cutoff time.Time
 	return res.RowsAffected()
 }
 
-// requeue makes dead events pending again: all of them, or those with the given message ids.
+// requeue makes dead events pending again: all of them, or those with the given message ids. Their
+// histories stay: they are the record of what happened.
 func (q *relaySQL) requeue(ctx context.Context, messageIDs []string) (int64, error) {
 	query := `UPDATE ` + q.table + ` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE dead_at IS NOT NULL`
 	args := make([]any, len(messageIDs))
@@ -559,7 +605,7 @@ func (w *Worker) prepareTable(ctx context.Context) error {
 	if w.prepared {
 		return nil
 	}
-	if rows, err := w.sql.db.QueryContext(ctx, `SELECT `+relayColumns+` FROM `+w.sql.table+` WHERE 1 = 0`); err != nil {
+	if rows, err := w.sql.db.QueryContext(ctx, `SELECT `+w.sql.columns()+` FROM `+w.sql.table+` WHERE 1 = 0`); err != nil {
 		// No table, or one without the relay's columns: the claim fails, saying which (Run's
 		// checkTable has already failed on it).
 		return nil

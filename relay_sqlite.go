@@ -3,6 +3,8 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -63,3 +65,22 @@ func (*sqliteRelay) listens() bool { return false }
 
 // retryable: SQLite claims wait for the write lock (the DSN's busy timeout) and never deadlock.
 func (*sqliteRelay) retryable(error) bool { return false }
+
+// appendHistory appends with json_insert at the end ($[#]). SQLite's paths have no ranges: the last keep
+// entries are those json_each numbers from the length less keep, gathered again in their order. The
+// column is text, which nothing keeps from holding something else than JSON: a history that is not
+// valid JSON is taken for none, rather than failing the statement that records a failure.
+func (*sqliteRelay) appendHistory(keep int, entry string) string {
+	if keep == 0 {
+		return `json_array(` + entry + `)`
+	}
+	const valid = `CASE WHEN json_valid(attempt_history) THEN attempt_history END`
+	return `json_insert((SELECT json_group_array(json(value)) FROM json_each(` + valid + `) WHERE key >= json_array_length(` + valid + `) - ` +
+		strconv.Itoa(keep) + `), '$[#]', ` + entry + `)`
+}
+
+func (*sqliteRelay) jsonParam() string { return `json(?)` }
+
+func (*sqliteRelay) jsonObject(pairs ...string) string {
+	return `json_object(` + strings.Join(pairs, ", ") + `)`
+}

@@ -72,6 +72,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 			lease:          DefaultLease,
 			publishTimeout: DefaultPublishTimeout,
 			maxAttempts:    DefaultMaxAttempts,
+			history:        DefaultAttemptHistory,
 			retry:          DefaultRetryPolicy,
 			retention:      DefaultRetention,
 			listen:         true,
@@ -105,7 +106,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 	w.pipeline = !w.cfg.keyOrdering
 	w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 	var err error
-	if w.sql, err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize); err != nil {
+	if w.sql, err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history); err != nil {
 		return fail(err)
 	}
 	return w, nil
@@ -438,7 +439,7 @@ func (w *Worker) requeue(ctx context.Context, messageIDs []string) (int64, error
 // instead of logging a failed claim every few seconds for ever. A database that does not answer is
 // not such a failure: Run then starts, and retries as it does for any database error.
 func (w *Worker) checkTable(ctx context.Context) error {
-	rows, err := w.sql.db.QueryContext(ctx, `SELECT `+relayColumns+` FROM `+w.sql.table+` WHERE 1 = 0`)
+	rows, err := w.sql.db.QueryContext(ctx, `SELECT `+w.sql.columns()+` FROM `+w.sql.table+` WHERE 1 = 0`)
 	if err == nil {
 		return rows.Close()
 	}
@@ -448,5 +449,15 @@ func (w *Worker) checkTable(ctx context.Context) error {
 	return fmt.Errorf("outboxplugin: the outbox table %s is missing or lacks columns the relay needs; create it with outboxplugin.AutoMigrate(db) (or migrate OutboxEvent into it): %w", w.cfg.table, err)
 }
 
-// relayColumns are all the columns the relay reads or writes.
+// relayColumns are all the columns the relay reads or writes but attempt_history, which only a worker
+// that keeps a history writes (relaySQL.columns).
 const relayColumns = returnedColumns + ", processed, processed_at, next_attempt_at, dead_at, locked_by, locked_until"
+
+// columns are all the columns the worker's statements read or write: a table of an earlier version,
+// without attempt_history, serves a worker WithAttemptHistory(0) until it is migrated.
+func (q *relaySQL) columns() string {
+	if q.history > 0 {
+		return relayColumns + ", attempt_history"
+	}
+	return relayColumns
+}

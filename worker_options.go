@@ -15,6 +15,7 @@ type workerConfig struct {
 	lease           time.Duration
 	publishTimeout  time.Duration
 	maxAttempts     int
+	history         int
 	retry           RetryPolicy
 	keyOrdering     bool
 	deleteOnPublish bool
@@ -111,6 +112,22 @@ func WithMaxAttempts(n int) WorkerOption {
 			return fmt.Errorf("%w: max attempts %d", ErrInvalidOption, n)
 		}
 		c.maxAttempts = n
+		return nil
+	}
+}
+
+// WithAttemptHistory sets how many failed attempts each event keeps in its history (the
+// attempt_history column: when, by which worker, the error, how long the publish took; see Attempt and
+// docs/relay.md, "Failure history"): 0..MaxAttemptHistory, default DefaultAttemptHistory (10). Each
+// failure statement keeps the last n, so a row holds at most n entries of about 1.2 KiB at most. 0
+// writes none, and lets the worker run on a table of an earlier version that lacks the column; with any
+// other n, Run refuses such a table until outboxplugin.AutoMigrate(db) adds it.
+func WithAttemptHistory(n int) WorkerOption {
+	return func(c *workerConfig) error {
+		if n < 0 || n > MaxAttemptHistory {
+			return fmt.Errorf("%w: attempt history %d not in 0..%d", ErrInvalidOption, n, MaxAttemptHistory)
+		}
+		c.history = n
 		return nil
 	}
 }
