@@ -3,6 +3,7 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,10 @@ import (
 // has caught up (see tx).
 type mysqlRelay struct {
 	dueProbe, dueLock, freshSelect, claimStamp string
+	// claimStampFresh is claimStamp for a batch of which no row was taken over from an expired lease:
+	// it leaves attempt_history alone, where claimStamp assigns it (to itself, but for such rows) in
+	// every row it stamps.
+	claimStampFresh string
 
 	// tx are the options of a claim's transaction: nil, the server's default (REPEATABLE READ). At
 	// REPEATABLE READ a claim whose scan reaches the end of the claim index's fresh run locks the gap
@@ -48,6 +53,7 @@ func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	// The fresh run takes what the due rows leave of the batch: its LIMIT is bound.
 	d.freshSelect = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id LIMIT ? ` + p.lock
 	d.claimStamp = p.stamp // + id IN (...)
+	d.claimStampFresh = p.stampFresh
 }
 
 func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
@@ -94,7 +100,13 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now, 
 		}
 		sortClaimed(claimed)
 		in, ids := d.idList(rowIDs(claimed))
-		query, args := d.literal(d.claimStamp+in, append([]any{owner, leaseUntil}, ids...))
+		// The rows were read under their locks, with the unfinished-delivery mark as the stamp sets
+		// it: when none has it, no row's history changes, and the stamp need not touch the column.
+		stamp := d.claimStampFresh
+		if slices.ContainsFunc(claimed, func(r claimedRow) bool { return r.unfinished }) {
+			stamp = d.claimStamp
+		}
+		query, args := d.literal(stamp+in, append([]any{owner, leaseUntil}, ids...))
 		_, err = tx.ExecContext(ctx, query, args...)
 		return err
 	})

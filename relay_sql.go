@@ -136,11 +136,12 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
 	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history}
-	stamp := stampUnfinished
+	stamp, stampFresh := stampUnfinished, stampUnfinished
 	if history > 0 {
 		q.historySet = `attempt_history = ` + d.appendHistory(history-1, d.jsonParam()) + `, `
 		stamp += stampUnfinishedHistory(d, history-1)
 	}
+	const lease = `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
 
 	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
 	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
@@ -179,19 +180,22 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 		// The batch size is written into the text, not bound: with LIMIT a parameter, PostgreSQL's
 		// plan cache never trusts a generic plan and plans every claim anew (about a tenth of a
 		// claim's time); with it written out, the prepared claim is planned once per connection.
-		limit: ` LIMIT ` + strconv.Itoa(batchSize),
-		lock:  lock,
-		table: q.table,
-		stamp: `UPDATE ` + q.table + ` SET ` + stamp + `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `,
+		limit:      ` LIMIT ` + strconv.Itoa(batchSize),
+		lock:       lock,
+		table:      q.table,
+		stamp:      `UPDATE ` + q.table + ` SET ` + stamp + lease,
+		stampFresh: `UPDATE ` + q.table + ` SET ` + stampFresh + lease,
 	})
 	return q, nil
 }
 
 // claimParts are the pieces of a claim every dialect shares: the predicates of the due run and of the
 // fresh run (each with its placeholders, in pickArgs order), the LIMIT clause, the locking clause, the
-// quoted table, and the head of the UPDATE that stamps the lease.
+// quoted table, and the head of the UPDATE that stamps the lease: stamp, and stampFresh, which leaves
+// attempt_history alone, for a dialect that reads the rows before it stamps them and knows that none
+// was taken over from an expired lease (MySQL).
 type claimParts struct {
-	due, fresh, limit, lock, table, stamp string
+	due, fresh, limit, lock, table, stamp, stampFresh string
 }
 
 // run selects cols of one run (due or fresh), in order, up to a batch, locking the rows.
