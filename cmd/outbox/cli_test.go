@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -8,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -204,12 +208,54 @@ func TestEventsShow(t *testing.T) {
 			t.Errorf("show --json of a processed event: %+v", e)
 		}
 
+		if !strings.Contains(r.stdout, "history (last failed attempts, oldest first):\n  -\n") {
+			t.Errorf("show of an event without a failed attempt lacks an empty history:\n%s", r.stdout)
+		}
+
+		// A worker's refusal of the due event: its history has the attempt, as the worker wrote it.
+		owner := refuseOnce(t, d, "schema registry: 409\nsubject incompatible")
+		r = ok(t, "events", "show", "--db", d.dsn, f.due)
+		if !regexp.MustCompile(`(?m)^  attempt +at +worker +took +error\n  1 +\d{4}-\d\d-\d\dT\S+Z +` + regexp.QuoteMeta(owner) +
+			` +\S+s +schema registry: 409 subject incompatible$`).MatchString(r.stdout) {
+			t.Errorf("show lacks the history's attempt (one line, worker %s):\n%s", owner, r.stdout)
+		}
+		var h eventJSON
+		decode(t, ok(t, "events", "show", "--db", d.dsn, f.due, "--json"), &h)
+		if len(h.History) != 1 {
+			t.Fatalf("show --json: history %+v, want one attempt", h.History)
+		}
+		if a := h.History[0]; a.Attempt != 1 || a.Worker != owner || a.Error != "schema registry: 409\nsubject incompatible" ||
+			a.DurationMS == nil || a.Unfinished || time.Since(a.At) > time.Minute || a.At.After(time.Now()) {
+			t.Errorf("show --json: attempt %+v", a)
+		}
+
 		r = wantCode(t, exitNotFound, "events", "show", "--db", d.dsn, "0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12")
 		if !strings.Contains(r.stderr, "not found") {
 			t.Errorf("not found: stderr %q", r.stderr)
 		}
 		wantCode(t, exitUsage, "events", "show", "--db", d.dsn)
 	})
+}
+
+// refuseOnce runs a worker over d's due events once, with a publisher that refuses each of them with
+// text, and returns the worker's owner id.
+func refuseOnce(t *testing.T, d *testDB, text string) string {
+	t.Helper()
+	pub := outboxplugin.PublisherFunc(func(_ context.Context, msgs []outboxplugin.Message) error {
+		failed := map[string]error{}
+		for _, m := range msgs {
+			failed[m.ID] = errors.New(text)
+		}
+		return outboxplugin.FailedMessages(failed)
+	})
+	w, err := outboxplugin.NewWorker(d.db, pub, outboxplugin.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.ProcessOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return w.Owner()
 }
 
 // stateOf returns the state events show gives the message id, or "" when it is not found.

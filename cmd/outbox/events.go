@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -34,6 +35,33 @@ type eventJSON struct {
 	LockedUntil   *time.Time        `json:"locked_until,omitempty"`
 	Headers       map[string]string `json:"headers,omitempty"`
 	Payload       json.RawMessage   `json:"payload,omitempty"`
+	// History is the event's last failed attempts, oldest first: events show only.
+	History []attemptJSON `json:"history,omitempty"`
+}
+
+// attemptJSON is an entry of the history as events show --json prints it: the attempt_history
+// column's own form (docs/relay.md, "Failure history"), with the time in RFC 3339 whichever database
+// wrote it, and unfinished set for a delivery that never recorded an outcome.
+type attemptJSON struct {
+	At         time.Time `json:"at"`
+	Attempt    int       `json:"attempt"`
+	Worker     string    `json:"worker"`
+	Error      string    `json:"error"`
+	DurationMS *float64  `json:"duration_ms,omitempty"`
+	Unfinished bool      `json:"unfinished,omitempty"`
+}
+
+func toAttemptsJSON(h []outboxplugin.Attempt) []attemptJSON {
+	out := make([]attemptJSON, 0, len(h))
+	for _, a := range h {
+		j := attemptJSON{At: a.At, Attempt: a.Number, Worker: a.Worker, Error: a.Error, Unfinished: a.Unfinished()}
+		if !a.Unfinished() {
+			ms := float64(a.Duration.Microseconds()) / 1000
+			j.DurationMS = &ms
+		}
+		out = append(out, j)
+	}
+	return out
 }
 
 func toEventJSON(e outboxplugin.EventInfo, withPayload bool) eventJSON {
@@ -158,9 +186,11 @@ func oneLine(s string, n int) string {
 func newEventsShowCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "show MESSAGE_ID",
-		Short: "Show one event: payload, headers, attempts, last error, timestamps, state",
+		Short: "Show one event: payload, headers, attempts and their history, last error, timestamps, state",
 		Long: `show prints the event with the message id, with its payload (pretty-printed JSON), headers,
-attempts, last error, timestamps and state. A message id that is not in the table exits with 3.`,
+attempts, last error, timestamps and state, and the history of its last failed attempts (oldest first:
+when, on which worker, how long the publish took, the error). A message id that is not in the table
+exits with 3.`,
 		Example: `  outbox events show --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12
   outbox events show --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12 --json | jq .payload`,
 		Args: func(_ *cobra.Command, args []string) error {
@@ -180,7 +210,9 @@ attempts, last error, timestamps and state. A message id that is not in the tabl
 				return err
 			}
 			if a.json {
-				return a.printJSON(toEventJSON(e, true))
+				out := toEventJSON(e, true)
+				out.History = toAttemptsJSON(e.History)
+				return a.printJSON(out)
 			}
 			return a.printEvent(e)
 		}),
@@ -218,6 +250,9 @@ func (a *app) printEvent(e outboxplugin.EventInfo) error {
 	} else {
 		fmt.Fprintln(a.stdout, "  "+e.LastError)
 	}
+	if err := a.printHistory(e.History); err != nil {
+		return err
+	}
 	fmt.Fprintln(a.stdout, "\nheaders:")
 	if len(e.Headers) == 0 {
 		fmt.Fprintln(a.stdout, "  -")
@@ -233,4 +268,25 @@ func (a *app) printEvent(e outboxplugin.EventInfo) error {
 	}
 	_, err := fmt.Fprintln(a.stdout, pretty.String())
 	return err
+}
+
+// printHistory prints the failed attempts as a table, oldest first; an error's line breaks become
+// spaces, so that each attempt is one line.
+func (a *app) printHistory(h []outboxplugin.Attempt) error {
+	fmt.Fprintln(a.stdout, "\nhistory (last failed attempts, oldest first):")
+	if len(h) == 0 {
+		fmt.Fprintln(a.stdout, "  -")
+		return nil
+	}
+	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  attempt\tat\tworker\ttook\terror")
+	flat := strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ", "\t", " ")
+	for _, at := range h {
+		took := "-" // a delivery that did not finish: nobody saw it end
+		if !at.Unfinished() {
+			took = at.Duration.String()
+		}
+		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%s\n", at.Number, at.At.UTC().Format(time.RFC3339Nano), at.Worker, took, flat.Replace(at.Error))
+	}
+	return w.Flush()
 }
