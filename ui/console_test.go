@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorm-outbox/outboxplugin"
 	outboxui "github.com/gorm-outbox/outboxplugin/ui"
+	"gorm.io/gorm"
 )
 
 // client is a browser-like HTTP client of one console: it keeps cookies and does not follow
@@ -195,6 +198,62 @@ func TestPagesShowTheTable(t *testing.T) {
 
 // A request the console cannot use gets a 400 (or 404, 405) page of its own: never a 500, never a
 // stack trace or a database error.
+// The event page has the event's failed attempts, oldest first: a refusal with its worker, time and
+// error (escaped), and a delivery that did not finish, under the relay that crashed holding it.
+func TestEventPageShowsTheFailedAttempts(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d *testDB) {
+		f := addFixture(t, d)
+		ctx := context.Background()
+		refuse := outboxplugin.PublisherFunc(func(_ context.Context, msgs []outboxplugin.Message) error {
+			failed := map[string]error{}
+			for _, m := range msgs {
+				failed[m.ID] = errors.New(`schema <script>alert(1)</script> refused`)
+			}
+			return outboxplugin.FailedMessages(failed)
+		})
+		quiet := outboxplugin.WithLogger(slog.New(slog.DiscardHandler))
+		w, err := outboxplugin.NewWorker(d.db, refuse, quiet,
+			outboxplugin.WithRetryPolicy(outboxplugin.ExponentialBackoff{Base: time.Millisecond, Max: time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.ProcessOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// The second delivery's relay dies holding the lease; another takes the event over and publishes it.
+		time.Sleep(5 * time.Millisecond)
+		if err := d.db.Session(&gorm.Session{NewDB: true}).Model(&outboxplugin.OutboxEvent{}).Where("message_id = ?", f.due).
+			Updates(map[string]any{"locked_by": "crashed-relay-9", "locked_until": time.Now().UTC().Add(-time.Second), "attempts": 2}).Error; err != nil {
+			t.Fatal(err)
+		}
+		ok := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error { return nil })
+		w2, err := outboxplugin.NewWorker(d.db, ok, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := w2.ProcessOnce(ctx); err != nil || n != 1 {
+			t.Fatalf("takeover: published %d, %v", n, err)
+		}
+
+		srv, _ := serve(t, d)
+		res, body := newClient(t, srv.URL).get("/outbox/events/" + f.due)
+		wantStatus(t, res, body, http.StatusOK)
+		first := regexp.MustCompile(`<tr data-attempt="1"><td>1</td><td><time datetime="[^"]+">\d{4}-[^<]+ UTC</time></td><td class="mono">` +
+			regexp.QuoteMeta(w.Owner()) + `</td>\s*<td>\d+ ms</td><td><pre class="err">schema &lt;script&gt;alert\(1\)&lt;/script&gt; refused</pre></td></tr>`)
+		second := regexp.MustCompile(`<tr data-attempt="2">.*<td class="mono">crashed-relay-9</td>\s*<td><span title="[^"]+">did not finish</span></td>`)
+		if i, j := first.FindStringIndex(body), second.FindStringIndex(body); i == nil || j == nil || i[0] > j[0] {
+			t.Errorf("event page lacks the attempts, oldest first (refusal %v, unfinished %v):\n%s", i, j, body)
+		}
+		if strings.Contains(body, "<script>alert") {
+			t.Error("an error text is not escaped")
+		}
+		_, body = newClient(t, srv.URL).get("/outbox/events/" + f.deadB)
+		if !strings.Contains(body, `<p data-field="history">None recorded.</p>`) {
+			t.Errorf("an event failed without a history says so:\n%s", body)
+		}
+	})
+}
+
 func TestBadRequestsAre400(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d *testDB) {
 		addFixture(t, d)
