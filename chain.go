@@ -53,20 +53,29 @@ func (p *Plugin) registerCallbacks(db *gorm.DB) error {
 		db.Callback().Raw().Before("gorm:raw").Register(callbackPrefix+"flush", p.flushBeforeExec),
 		db.Callback().Query().Before("gorm:query").Register(callbackPrefix+"flush", p.flushBeforeRead),
 		db.Callback().Row().Before("gorm:row").Register(callbackPrefix+"flush", p.flushBeforeRead),
+		// A transaction the database rolled back whole (a MySQL deadlock) drops its events; these see
+		// the errors of statements its connection does not see itself (PrepareStmt's). Registered
+		// After, they run last in their chains.
+		db.Callback().Raw().After("gorm:raw").Register(callbackPrefix+"observe", p.observeError),
+		db.Callback().Query().After("gorm:query").Register(callbackPrefix+"observe", p.observeError),
+		db.Callback().Row().After("gorm:row").Register(callbackPrefix+"observe", p.observeError),
 
 		create.Before("gorm:before_create").Register(callbackPrefix+"begin", p.begin(ChangesetCreate)),
 		create.Before("gorm:create").Register(callbackPrefix+"before_create", p.beforeCreate),
 		create.Before("gorm:save_after_associations").Register(callbackPrefix+"after_create", p.afterCreate),
+		create.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.observeError),
 		create.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"commit", p.commitOrRollback),
 
 		update.Before("gorm:setup_reflect_value").Register(callbackPrefix+"begin", p.begin(ChangesetUpdate)),
 		update.Before("gorm:update").Register(callbackPrefix+"before_update", p.beforeWrite),
 		update.Before("gorm:save_after_associations").Register(callbackPrefix+"after_update", p.afterWrite),
+		update.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.observeError),
 		update.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"commit", p.commitOrRollback),
 
 		del.Before("gorm:before_delete").Register(callbackPrefix+"begin", p.begin(ChangesetDelete)),
 		del.Before("gorm:delete").Register(callbackPrefix+"before_delete", p.beforeWrite),
 		del.Before("gorm:after_delete").Register(callbackPrefix+"after_delete", p.afterWrite),
+		del.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.observeError),
 		del.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"commit", p.commitOrRollback),
 	} {
 		if err != nil {
@@ -139,6 +148,12 @@ func (p *Plugin) begin(op ChangesetType) func(*gorm.DB) {
 	return func(db *gorm.DB) {
 		if db.Error != nil {
 			return
+		}
+		if t := watchedTxOf(db.Statement.ConnPool); t != nil {
+			if err := t.rolledBackErr(); err != nil {
+				db.AddError(err) // the write would commit on its own, outside the transaction
+				return
+			}
 		}
 		if db.Statement.Table == p.cfg.table {
 			p.flushHeld(db, "writing to "+p.cfg.table) // not captured, but it may change the events held

@@ -52,4 +52,17 @@ var (
 	// model to a table no model the application uses maps to: a write that would otherwise commit
 	// without events.
 	ErrUnknownTable = errors.New("no model maps to the table")
+
+	// ErrTransactionRolledBack is returned when the database rolled a whole transaction back in the
+	// middle of it — a deadlock on MySQL and MariaDB, or a lock wait timeout with
+	// innodb_rollback_on_timeout — by the writes, Emits and commit that follow: their rows would each
+	// commit on their own, outside the transaction its events belonged to. None of the transaction's
+	// events is written. Roll back and run the transaction again.
+	ErrTransactionRolledBack = errors.New("the database rolled the transaction back")
+
+	// ErrUnknownSavepoint is returned by the commit of a transaction that rolled back to a savepoint
+	// the plugin did not see being set (SQL sent on SQLTx's *sql.Tx, around GORM) while it held
+	// events: which of them the rollback undid cannot be told, so the transaction is rolled back
+	// rather than committed with events of rows that are gone or without events of rows that stay.
+	ErrUnknownSavepoint = errors.New("rollback to a savepoint the plugin did not see")
 )

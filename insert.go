@@ -1,6 +1,7 @@
 package outboxplugin
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -65,13 +66,15 @@ func (p *Plugin) strategy(db *gorm.DB) insertStrategy {
 func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, origin string) error {
 	t := watchedTxOf(pool)
 	if t != nil && !p.perStatementInserts {
-		t.hold(p, db, events, origin)
-		return nil
+		return t.hold(p, db, events, origin)
 	}
 	if t != nil {
+		if err := t.rolledBackErr(); err != nil {
+			return err
+		}
 		t.dirty.Store(true)
 	}
-	return p.insertNow(db, pool, events, p.notifyInTransaction(db, t))
+	return p.insertNow(db.Statement.Context, db, pool, events, p.notifyInTransaction(db, t))
 }
 
 // notifyInTransaction reports whether events written in t (nil: a transaction the plugin does not
@@ -80,10 +83,9 @@ func (p *Plugin) notifyInTransaction(db *gorm.DB, t *watchedTx) bool {
 	return p.cfg.notify && db.Dialector.Name() == "postgres" && (t == nil || !t.cw.notify)
 }
 
-// insertNow writes events with multi-row INSERTs on pool (the transaction of the write), with notify
-// preceded by pg_notify.
-func (p *Plugin) insertNow(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, notify bool) error {
-	ctx := db.Statement.Context
+// insertNow writes events with multi-row INSERTs on pool (the transaction of the write) under ctx,
+// with notify preceded by pg_notify. db gives the dialect and the logger.
+func (p *Plugin) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, notify bool) error {
 	strategy := p.strategy(db)
 	for len(events) > 0 {
 		// A run of events of one kind, delayed (DeliverAfter, DeliverAt) or not, in their order: the

@@ -18,17 +18,32 @@ import (
 //
 // One outbox write per transaction. The events of a transaction's statements are kept in the
 // transaction and written together, in one multi-row INSERT, just before it commits: a transaction of
-// ten writes pays one outbox round trip, not ten. They are written earlier where the transaction could
-// otherwise see the outbox table without them or end without them:
+// ten writes pays one outbox round trip, not ten. They are written earlier only where the transaction
+// could otherwise see the outbox table without them, end without them, or grow without bound:
 //
-//   - before any statement run with Exec (the raw callback chain): SAVEPOINT, ROLLBACK TO SAVEPOINT,
-//     COMMIT by hand, or any SQL of the application's. Written before a SAVEPOINT, events of earlier
-//     statements survive a rollback to it, and those of later statements are undone by the database
-//     with their rows;
-//   - before a query or Row/Rows of the outbox table (by Table, Model or SQL text naming it).
+//   - before a SAVEPOINT, so that every event held comes from a statement after the latest savepoint:
+//     a rollback to any savepoint then undoes exactly the events held (they are dropped), and the
+//     database undoes those written since the savepoint with their rows;
+//   - before COMMIT by hand, and before statements MySQL commits a transaction before (DDL, LOCK
+//     TABLES, …), and before any other statement run with Exec (the raw callback chain), which may be
+//     anything;
+//   - before a query or Row/Rows of the outbox table (by Table, Model or SQL text naming it);
+//   - once maxRowsPerInsert events (or maxHeldBytes of them) are held: a transaction of a million
+//     writes holds at most one INSERT's worth, and sends the INSERTs it would have sent at commit.
 //
-// A rollback drops them; a write that fails at commit rolls the transaction back and fails the
-// commit, so no row is committed without its event. A transaction the wrapper did not begin (a
+// A ROLLBACK or ROLLBACK TO SAVEPOINT never writes them: it drops those it undoes, so that a
+// statement that failed inside a savepoint (a duplicate key; on PostgreSQL, which then refuses every
+// statement until the rollback) is recovered from exactly as without the plugin. Transaction
+// statements are recognised on every path GORM gives them to the connection (Exec, Raw(...).Row,
+// Rows and Scan, the connection's ExecContext, QueryContext and QueryRowContext, prepared statements
+// of PrepareStmt), with comments before them and in any letter case (txstatement.go).
+//
+// Held events are written with the context the transaction was begun with, carrying the values of
+// the statement that held the last of them: a statement's own context (a per-call timeout that has
+// ended by the time the service commits) decides nothing about the commit. A write that fails rolls
+// the transaction back and fails its commit, so no row is committed without its event; a
+// transaction the database rolled back whole (a MySQL or MariaDB deadlock) gets none of its events
+// written, refuses further writes, and fails its commit. A transaction the wrapper did not begin (a
 // session made before db.Use, a connection pinned with db.Connection, one begun by another plugin on
 // its own pool) gets its events right after each statement, as it did before.
 //
@@ -40,7 +55,7 @@ import (
 //   - wakes the Workers of this process that relay the same table, with no database round trip (on
 //     every database), and
 //   - on PostgreSQL with notifications on, sends one NOTIFY for the relays of other processes, from a
-//     connection of its own and outside the application's transaction, at most once per
+//     connection of the pool and outside the application's transaction, at most once per
 //     notifyInterval: a commit during an interval is covered by the NOTIFY that ends it.
 //
 // A transaction the wrapper did not begin is announced as before, by pg_notify inside it. Polling
@@ -55,13 +70,24 @@ const notifyInterval = 5 * time.Millisecond
 // notifyTimeout bounds one NOTIFY; a pool at its connection limit may make it wait.
 const notifyTimeout = time.Second
 
+// maxHeldBytes bounds the payload and header bytes a transaction holds: events of large payloads are
+// written before maxRowsPerInsert of them are held.
+const maxHeldBytes = 8 << 20
+
 // txWatch sees the transactions begun on one pool.
 type txWatch struct {
-	db      *sql.DB
+	pool    gorm.ConnPool // the pool under the wrapper: NOTIFYs go through it
+	dialect string
 	channel string // the outbox table: the channel workers LISTEN on
 	notify  bool   // send a NOTIFY after commits (PostgreSQL, notifications on)
 
 	workers sync.Map // *Worker -> struct{}: running workers of this process on the channel's table
+
+	prepared preparedTxStatements // transaction statements prepared on the pool (PrepareStmt)
+
+	// rollbackOnTimeout is MySQL's innodb_rollback_on_timeout, read at the first lock wait timeout:
+	// 0 not read yet, 1 off (a timeout undoes the statement), 2 on (the whole transaction).
+	rollbackOnTimeout atomic.Int32
 
 	mu      sync.Mutex
 	pending bool // a commit since the last NOTIFY started
@@ -72,22 +98,23 @@ type txWatch struct {
 }
 
 // installTxWatch wraps db's connection pool so that the plugin sees transactions. It runs from
-// Initialize, before the database is used by the plugin's callbacks.
+// Initialize, before the database is used by the plugin's callbacks. Any gorm.ConnPool will do: the
+// watch needs no *sql.DB.
 func installTxWatch(db *gorm.DB, table string, notify bool) (*txWatch, error) {
 	if cw := txWatchOf(db); cw != nil {
 		return cw, nil // the pool is watched already (db.Use twice)
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return nil, err
-	}
-	cw := &txWatch{db: sqlDB, channel: table, notify: notify}
+	cw := &txWatch{dialect: db.Dialector.Name(), channel: table, notify: notify}
 	old := db.Config.ConnPool
 	switch cp := old.(type) {
+	case nil:
+		return nil, gorm.ErrInvalidDB
 	case *gorm.PreparedStmtDB:
 		// Keep *gorm.PreparedStmtDB outermost: the PostgreSQL migrator and dbresolver look for it.
+		cw.pool = cp.ConnPool
 		cp.ConnPool = &watchedPool{ConnPool: cp.ConnPool, cw: cw}
 	default:
+		cw.pool = old
 		db.Config.ConnPool = &watchedPool{ConnPool: old, cw: cw}
 	}
 	if db.Statement != nil && db.Statement.ConnPool == old {
@@ -157,7 +184,7 @@ func (cw *txWatch) notifyLoop() {
 		cw.pending = false
 		cw.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-		if _, err := cw.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, cw.channel); err != nil {
+		if _, err := cw.pool.ExecContext(ctx, `SELECT pg_notify($1, '')`, cw.channel); err != nil {
 			cw.failed.Add(1)
 		} else {
 			cw.sent.Add(1)
@@ -204,10 +231,21 @@ func (p *watchedPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.Co
 	if !ok {
 		return nil, errors.New("outboxplugin: the connection pool began a transaction that is not a gorm.Tx")
 	}
-	return &watchedTx{Tx: t, cw: p.cw, pool: p}, nil
+	return &watchedTx{Tx: t, cw: p.cw, pool: p, ctx: ctx}, nil
 }
 
-// GetDBConn keeps db.DB() working.
+// PrepareContext prepares a statement on the pool, remembering what a transaction statement does for
+// when a transaction runs it (PrepareStmt).
+func (p *watchedPool) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	stmt, err := p.ConnPool.PrepareContext(ctx, query)
+	if err == nil {
+		p.cw.prepared.remember(stmt, parseTxStatement(query, p.cw.dialect == "postgres"))
+	}
+	return stmt, err
+}
+
+// GetDBConn keeps db.DB() working: the *sql.DB of the pool under the wrapper, or gorm.ErrInvalidDB
+// when it has none (a gorm.ConnPool of the application's own), as without the plugin.
 func (p *watchedPool) GetDBConn() (*sql.DB, error) {
 	switch cp := p.ConnPool.(type) {
 	case *sql.DB:
@@ -219,48 +257,119 @@ func (p *watchedPool) GetDBConn() (*sql.DB, error) {
 }
 
 // Ping and the pool's settings, which code reaches by asserting them on a ConnPool (gorm.Open's ping,
-// dbresolver's pool settings).
+// dbresolver's pool settings): passed to the pool under the wrapper when it has them, else to its
+// *sql.DB when it has one, else ignored, as they would be without the wrapper.
 func (p *watchedPool) Ping() error { return p.PingContext(context.Background()) }
 
 func (p *watchedPool) PingContext(ctx context.Context) error {
-	if pg, ok := p.ConnPool.(interface{ PingContext(context.Context) error }); ok {
+	switch pg := p.ConnPool.(type) {
+	case interface{ PingContext(context.Context) error }:
 		return pg.PingContext(ctx)
+	case interface{ Ping() error }:
+		return pg.Ping()
 	}
 	return nil
 }
 
-func (p *watchedPool) SetMaxOpenConns(n int)              { p.cw.db.SetMaxOpenConns(n) }
-func (p *watchedPool) SetMaxIdleConns(n int)              { p.cw.db.SetMaxIdleConns(n) }
-func (p *watchedPool) SetConnMaxLifetime(d time.Duration) { p.cw.db.SetConnMaxLifetime(d) }
-func (p *watchedPool) SetConnMaxIdleTime(d time.Duration) { p.cw.db.SetConnMaxIdleTime(d) }
-func (p *watchedPool) Close() error                       { return p.cw.db.Close() }
+func (p *watchedPool) SetMaxOpenConns(n int) {
+	if s, ok := p.ConnPool.(interface{ SetMaxOpenConns(int) }); ok {
+		s.SetMaxOpenConns(n)
+	} else if db, err := p.GetDBConn(); err == nil {
+		db.SetMaxOpenConns(n)
+	}
+}
+
+func (p *watchedPool) SetMaxIdleConns(n int) {
+	if s, ok := p.ConnPool.(interface{ SetMaxIdleConns(int) }); ok {
+		s.SetMaxIdleConns(n)
+	} else if db, err := p.GetDBConn(); err == nil {
+		db.SetMaxIdleConns(n)
+	}
+}
+
+func (p *watchedPool) SetConnMaxLifetime(d time.Duration) {
+	if s, ok := p.ConnPool.(interface{ SetConnMaxLifetime(time.Duration) }); ok {
+		s.SetConnMaxLifetime(d)
+	} else if db, err := p.GetDBConn(); err == nil {
+		db.SetConnMaxLifetime(d)
+	}
+}
+
+func (p *watchedPool) SetConnMaxIdleTime(d time.Duration) {
+	if s, ok := p.ConnPool.(interface{ SetConnMaxIdleTime(time.Duration) }); ok {
+		s.SetConnMaxIdleTime(d)
+	} else if db, err := p.GetDBConn(); err == nil {
+		db.SetConnMaxIdleTime(d)
+	}
+}
+
+func (p *watchedPool) Close() error {
+	if c, ok := p.ConnPool.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	if db, err := p.GetDBConn(); err == nil {
+		return db.Close()
+	}
+	return nil
+}
 
 // watchedTx is a transaction the plugin sees: it holds the events of its statements until they are
-// written, and announces its commit.
+// written, follows its savepoints, and announces its commit.
 type watchedTx struct {
 	gorm.Tx // *sql.Tx, or what a pool under the wrapper began
 	cw      *txWatch
 	pool    *watchedPool
-	dirty   atomic.Bool // events were written in it
+	// ctx is the context the transaction was begun with, which held events are written with:
+	// database/sql rolls the transaction back when it ends, so it lives as long as the transaction.
+	ctx   context.Context
+	dirty atomic.Bool // events were written in it
 
-	mu      sync.Mutex
-	held    []pendingEvent // events not written yet, in the order of their statements
-	origins []string       // the statements they come from ("create User"), for errors
-	holder  *gorm.DB       // the statement that held the last of them: context, logger, dialect
-	plugin  *Plugin
-	failed  error // a write of held events failed: the transaction cannot commit
+	mu        sync.Mutex
+	held      []pendingEvent // events not written yet, in the order of their statements
+	heldBytes int            // their payload and header bytes
+	origins   []string       // the statements they come from ("create User"), for errors
+	holder    *gorm.DB       // the statement that held the last of them: dialect, logger
+	holderCtx context.Context
+	plugin    *Plugin
+	// savepoints are the savepoints set in the transaction and not yet released or rolled past,
+	// oldest first, named as the database compares them.
+	savepoints []string
+	// failed: held events could not be written, or a rollback went to a savepoint the plugin did not
+	// see set while events were held. The transaction cannot commit.
+	failed error
+	// rolledBack: the database rolled the whole transaction back (a MySQL deadlock). Nothing may be
+	// written in it any more: later statements would each commit on their own.
+	rolledBack error
 }
 
-// hold keeps events of the statement db, described by origin, until the transaction writes them.
-func (t *watchedTx) hold(p *Plugin, db *gorm.DB, events []pendingEvent, origin string) {
-	t.dirty.Store(true)
+// hold keeps events of the statement db, described by origin, until the transaction writes them. It
+// writes them at once when the transaction holds a full INSERT's worth, so that a transaction of any
+// size holds at most that many.
+func (t *watchedTx) hold(p *Plugin, db *gorm.DB, events []pendingEvent, origin string) error {
 	t.mu.Lock()
+	if t.rolledBack != nil {
+		err := t.rolledBack
+		t.mu.Unlock()
+		return err
+	}
+	t.dirty.Store(true)
 	t.held = append(t.held, events...)
+	for i := range events {
+		t.heldBytes += len(events[i].payload)
+		if events[i].headers != nil {
+			t.heldBytes += len(*events[i].headers)
+		}
+	}
 	if n := len(t.origins); n == 0 || t.origins[n-1] != origin {
 		t.origins = append(t.origins, origin)
 	}
-	t.holder, t.plugin = db, p
+	t.holder, t.holderCtx, t.plugin = db, db.Statement.Context, p
+	full := len(t.held) >= maxRowsPerInsert || t.heldBytes >= maxHeldBytes
 	t.mu.Unlock()
+	if full {
+		return t.flush(false)
+	}
+	return nil
 }
 
 // holding reports whether events wait to be written.
@@ -270,17 +379,48 @@ func (t *watchedTx) holding() bool {
 	return len(t.held) > 0
 }
 
-// flush writes the events held so far, in INSERTs of up to maxRowsPerInsert rows. An error names
-// the statements the events come from.
-func (t *watchedTx) flush() error {
+// flush writes the events held so far, in INSERTs of up to maxRowsPerInsert rows; with all false,
+// only whole INSERTs' worth (the rest stays held, unless it is too large). An error names the
+// statements the events come from, and makes the transaction unable to commit.
+func (t *watchedTx) flush(all bool) error {
 	t.mu.Lock()
-	events, origins, db, p := t.held, t.origins, t.holder, t.plugin
-	t.held, t.origins, t.holder = nil, nil, nil
-	t.mu.Unlock()
-	if len(events) == 0 {
+	if t.rolledBack != nil {
+		err := t.rolledBack
+		t.mu.Unlock()
+		return err
+	}
+	if t.failed != nil {
+		err := t.failed
+		t.mu.Unlock()
+		return err
+	}
+	n := len(t.held)
+	if !all && t.heldBytes < maxHeldBytes {
+		n -= n % maxRowsPerInsert
+	}
+	if n == 0 {
+		t.mu.Unlock()
 		return nil
 	}
-	if err := p.insertNow(db, t.Tx, events, p.notifyInTransaction(db, t)); err != nil {
+	events, origins, db, values, p := t.held[:n], t.origins, t.holder, t.holderCtx, t.plugin
+	if n == len(t.held) {
+		t.held, t.origins, t.heldBytes = nil, nil, 0
+	} else {
+		// A new array for the rest, so that the written events can be collected.
+		t.held = append([]pendingEvent(nil), t.held[n:]...)
+		t.origins = append([]string(nil), origins[len(origins)-1])
+		t.heldBytes = 0
+		for i := range t.held {
+			t.heldBytes += len(t.held[i].payload)
+		}
+	}
+	t.mu.Unlock()
+	ctx := txContext{Context: t.ctx, values: values}
+	if err := p.insertNow(ctx, db, t.Tx, events, p.notifyInTransaction(db, t)); err != nil {
+		t.observe(err)
+		if ctxErr := t.ctx.Err(); ctxErr != nil {
+			err = fmt.Errorf("%w (the context the transaction was begun with has ended: %w)", err, ctxErr)
+		}
 		err = fmt.Errorf("outboxplugin: %s: %w", describeOrigins(origins), err)
 		// Some databases let the transaction go on after a failed statement, and GORM's SavePoint
 		// does not return the error of its Exec: the commit must fail, or the rows of these events
@@ -295,6 +435,21 @@ func (t *watchedTx) flush() error {
 	return nil
 }
 
+// txContext is the context held events are written with: the deadline and cancellation of the
+// context the transaction was begun with, and the values of the statement that held the last of
+// them, so that loggers and tracing see the write as part of that statement's request.
+type txContext struct {
+	context.Context
+	values context.Context
+}
+
+func (c txContext) Value(key any) any {
+	if v := c.values.Value(key); v != nil {
+		return v
+	}
+	return c.Context.Value(key)
+}
+
 // describeOrigins lists the first statements of a transaction's events: "create User, update Order
 // and 3 more".
 func describeOrigins(origins []string) string {
@@ -305,26 +460,31 @@ func describeOrigins(origins []string) string {
 	return fmt.Sprintf("%s and %d more", strings.Join(origins[:shown], ", "), len(origins)-shown)
 }
 
-// drop forgets the events held, whose transaction ends without them.
-func (t *watchedTx) drop() {
-	t.mu.Lock()
-	t.held, t.origins, t.holder = nil, nil, nil
-	t.mu.Unlock()
+// dropLocked forgets the events held, which a rollback undid. t.mu is held.
+func (t *watchedTx) dropLocked() {
+	t.held, t.origins, t.holder, t.holderCtx, t.heldBytes = nil, nil, nil, nil, 0
 }
 
-// Commit writes the events held and commits. When they cannot be written, the transaction is rolled
-// back and Commit fails: its rows are not committed without their events.
+// Commit writes the events held and commits. When they cannot be written, or the database rolled
+// the transaction back earlier, the transaction is rolled back and Commit fails: its rows are not
+// committed without their events.
 func (t *watchedTx) Commit() error {
 	t.mu.Lock()
-	failed := t.failed
+	failed, rolledBack := t.failed, t.rolledBack
 	t.mu.Unlock()
+	if rolledBack != nil {
+		if rerr := t.Tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+			return fmt.Errorf("%w (rolling back failed too: %v)", rolledBack, rerr)
+		}
+		return rolledBack
+	}
 	if failed != nil {
 		if rerr := t.Tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			return fmt.Errorf("%w (written before commit; rolling back failed too: %v)", failed, rerr)
 		}
 		return fmt.Errorf("%w (written before commit; the transaction is rolled back)", failed)
 	}
-	if err := t.flush(); err != nil {
+	if err := t.flush(true); err != nil {
 		if rerr := t.Tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			return fmt.Errorf("%w (written at commit; rolling back failed too: %v)", err, rerr)
 		}
@@ -339,60 +499,281 @@ func (t *watchedTx) Commit() error {
 
 // Rollback forgets the events held and rolls back.
 func (t *watchedTx) Rollback() error {
-	t.drop()
+	t.mu.Lock()
+	t.dropLocked()
+	t.savepoints = nil
+	t.mu.Unlock()
 	return t.Tx.Rollback()
 }
 
-// ExecContext sees the transaction statements sent to the connection directly, not through Exec
-// (where the raw callback has written the events held already): the events held are written before
-// a SAVEPOINT, RELEASE or COMMIT, and dropped by a ROLLBACK (TO SAVEPOINT). Every SAVEPOINT writes
-// them, so all events held come from statements after the latest savepoint, and a rollback to any
-// savepoint undoes all of them.
+// ExecContext runs a statement on the transaction's connection. A transaction statement is acted on
+// when the database has run it (see before and after).
 func (t *watchedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	kw := txKeyword(query)
-	if kw == "" || !t.holding() {
-		return t.Tx.ExecContext(ctx, query, args...)
+	s := parseTxStatement(query, t.cw.dialect == "postgres")
+	if err := t.before(s); err != nil {
+		return nil, err
 	}
-	if kw == "ROLLBACK" {
-		res, err := t.Tx.ExecContext(ctx, query, args...)
-		if err == nil {
-			t.drop()
-		}
+	res, err := t.Tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		t.observe(err)
 		return res, err
 	}
-	if err := t.flush(); err != nil {
-		return nil, fmt.Errorf("%w (written before %s)", err, kw)
-	}
-	return t.Tx.ExecContext(ctx, query, args...)
+	t.after(s)
+	return res, nil
 }
 
-// txKeyword returns the first word of query when it is one that ends a transaction or marks a
-// savepoint (SAVEPOINT, RELEASE, ROLLBACK, COMMIT, END), in upper case, and "" otherwise.
-func txKeyword(query string) string {
-	switch w := strings.ToUpper(firstWord(query)); w {
-	case "SAVEPOINT", "RELEASE", "ROLLBACK", "COMMIT", "END":
-		return w
+// QueryContext runs a query on the transaction's connection. A transaction statement sent this way
+// (Raw(...).Rows, Scan) is acted on before it is sent, when its context has not ended: some drivers
+// run the statement only when its rows are read, after this returns.
+func (t *watchedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	s := parseTxStatement(query, t.cw.dialect == "postgres")
+	if err := t.before(s); err != nil {
+		return nil, err
 	}
-	return ""
+	if ctx.Err() == nil {
+		t.after(s)
+	}
+	rows, err := t.Tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		t.observe(err)
+	}
+	return rows, err
+}
+
+// QueryRowContext is QueryContext for one row (Raw(...).Row).
+func (t *watchedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	s := parseTxStatement(query, t.cw.dialect == "postgres")
+	if s.kind != txOther {
+		if err := t.before(s); err == nil && ctx.Err() == nil {
+			t.after(s)
+		}
+		// A failed write of the held events has made the transaction unable to commit; the
+		// statement itself goes on, as it would without the plugin.
+	}
+	return t.Tx.QueryRowContext(ctx, query, args...)
+}
+
+// PrepareContext prepares a statement in the transaction, remembering what a transaction statement
+// does for when it runs (PrepareStmt).
+func (t *watchedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	stmt, err := t.Tx.PrepareContext(ctx, query)
+	if err == nil {
+		t.cw.prepared.remember(stmt, parseTxStatement(query, t.cw.dialect == "postgres"))
+	}
+	return stmt, err
+}
+
+// StmtContext gives a prepared statement to the transaction; GORM's PrepareStmt runs every statement
+// of a transaction through it, right before executing it. A transaction statement is acted on then,
+// as QueryContext does.
+func (t *watchedTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
+	if s, ok := t.cw.prepared.lookup(stmt); ok {
+		if err := t.before(s); err == nil && ctx.Err() == nil {
+			t.after(s)
+		}
+	}
+	return t.Tx.StmtContext(ctx, stmt)
+}
+
+// before runs before a statement reaches the database: the events held are written before a
+// SAVEPOINT (so that all events held come from statements after the latest savepoint) and before a
+// statement that may commit. A ROLLBACK is never preceded by a write: the transaction may be one the
+// database refuses every statement in until the rollback (PostgreSQL after an error). Nothing but a
+// ROLLBACK is sent in a transaction the database rolled back whole.
+func (t *watchedTx) before(s txStatement) error {
+	switch s.kind {
+	case txRollback, txRollbackTo:
+		return nil
+	}
+	t.mu.Lock()
+	rolledBack, holding := t.rolledBack, len(t.held) > 0
+	t.mu.Unlock()
+	if rolledBack != nil {
+		return rolledBack
+	}
+	switch s.kind {
+	case txSavepoint, txCommit, txMayCommit:
+		if !holding {
+			return nil
+		}
+		if err := t.flush(true); err != nil {
+			return fmt.Errorf("%w (written before %s)", err, txStatementName(s.kind))
+		}
+	}
+	return nil
+}
+
+func txStatementName(k txStatementKind) string {
+	switch k {
+	case txSavepoint:
+		return "SAVEPOINT"
+	case txCommit:
+		return "COMMIT"
+	}
+	return "a statement that may commit"
+}
+
+// after records what a transaction statement did: the savepoint it set, released or rolled back to,
+// and for a rollback the events it undid, which are dropped. A rollback to a savepoint the plugin
+// did not see set (SQL sent around GORM, on SQLTx's *sql.Tx) while events are held cannot be
+// matched with them: the transaction is failed instead of committing with events of rows that are
+// gone or without events of rows that stay.
+func (t *watchedTx) after(s txStatement) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch s.kind {
+	case txSavepoint:
+		if t.cw.dialect == "mysql" {
+			// MySQL and MariaDB replace a savepoint of the same name; the others stack it.
+			if i := t.savepointIndex(s.savepoint); i >= 0 {
+				t.savepoints = append(t.savepoints[:i], t.savepoints[i+1:]...)
+			}
+		}
+		t.savepoints = append(t.savepoints, s.savepoint)
+	case txRelease:
+		if i := t.savepointIndex(s.savepoint); i >= 0 {
+			t.savepoints = t.savepoints[:i] // released with every later one
+		}
+	case txRollbackTo:
+		i := t.savepointIndex(s.savepoint)
+		if i < 0 && len(t.held) > 0 && t.failed == nil {
+			t.failed = fmt.Errorf("outboxplugin: %w: ROLLBACK TO SAVEPOINT %s while events of %s were held; set savepoints through GORM (Exec, SavePoint, Transaction) or the transaction's connection",
+				ErrUnknownSavepoint, s.savepoint, describeOrigins(t.origins))
+		}
+		if i >= 0 {
+			t.savepoints = t.savepoints[:i+1] // later ones are gone; this one stays
+		}
+		t.dropLocked()
+	case txRollback:
+		t.dropLocked()
+		t.savepoints = nil
+	case txCommit:
+		t.savepoints = nil
+	}
+}
+
+// savepointIndex is the position of the latest savepoint named name, or -1. t.mu is held.
+func (t *watchedTx) savepointIndex(name string) int {
+	for i := len(t.savepoints) - 1; i >= 0; i-- {
+		if t.savepoints[i] == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// observe looks at the error of a statement of the transaction. When it says the database rolled
+// the whole transaction back — a deadlock on MySQL and MariaDB, or a lock wait timeout with
+// innodb_rollback_on_timeout — the events held are dropped and nothing more may be written: the
+// statements that follow would each commit on their own.
+func (t *watchedTx) observe(err error) {
+	if err == nil || t.cw.dialect != "mysql" {
+		return
+	}
+	code, ok := mysqlErrorNumber(err)
+	if !ok {
+		return
+	}
+	switch code {
+	case mysqlDeadlock:
+	case mysqlLockWaitTimeout:
+		if !t.cw.rollsBackOnTimeout(t.Tx) {
+			return
+		}
+	default:
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.rolledBack == nil {
+		t.rolledBack = fmt.Errorf("outboxplugin: %w: %w", ErrTransactionRolledBack, err)
+	}
+	t.dropLocked()
+	t.savepoints = nil
+}
+
+// rolledBackErr is the error of a transaction the database rolled back whole, or nil.
+func (t *watchedTx) rolledBackErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.rolledBack
 }
 
 // GetDBConn keeps db.DB() working inside a transaction.
 func (t *watchedTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
 
 // SQLTx returns the *sql.Tx under the transaction, for code that needs it
-// (tx.Statement.ConnPool.(*sql.Tx) no longer matches once the plugin is registered). Events of the
-// transaction's statements may not be in the outbox table yet when it is used: they are written at
-// the latest before commit.
+// (tx.Statement.ConnPool.(*sql.Tx) no longer matches once the plugin is registered). The plugin does
+// not see what is sent on it: events of the transaction's statements may not be in the outbox table
+// yet (they are written at the latest before commit), and savepoints set or rolled back on it are
+// not followed (docs/capture.md).
 func (t *watchedTx) SQLTx() (*sql.Tx, bool) {
 	tx, ok := t.Tx.(*sql.Tx)
 	return tx, ok
 }
 
+// MySQL and MariaDB error numbers that say the transaction was rolled back.
+const (
+	mysqlLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT: the statement, or with innodb_rollback_on_timeout the transaction
+	mysqlDeadlock        = 1213 // ER_LOCK_DEADLOCK: the transaction
+)
+
+// rollsBackOnTimeout reports whether a lock wait timeout rolls back the whole transaction
+// (innodb_rollback_on_timeout), read once through tx. When it cannot be read, it answers yes: then
+// the transaction cannot commit, rather than commit events of rows that may be gone.
+func (cw *txWatch) rollsBackOnTimeout(tx gorm.ConnPool) bool {
+	switch cw.rollbackOnTimeout.Load() {
+	case 1:
+		return false
+	case 2:
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var on bool
+	if err := tx.QueryRowContext(ctx, `SELECT @@innodb_rollback_on_timeout`).Scan(&on); err != nil {
+		return true
+	}
+	if on {
+		cw.rollbackOnTimeout.Store(2)
+	} else {
+		cw.rollbackOnTimeout.Store(1)
+	}
+	return on
+}
+
 // flushBeforeExec writes the events held before a statement run with Exec, which may be anything: a
-// savepoint, a commit by hand, SQL that reads or changes the outbox table.
+// commit by hand, SQL that reads or changes the outbox table. Transaction statements are left to the
+// transaction, which sees them on every path (a ROLLBACK must not be preceded by a write). Nothing is
+// run in a transaction the database rolled back whole.
 func (p *Plugin) flushBeforeExec(db *gorm.DB) {
-	if t := holdingTx(db); t != nil {
-		flushFor(db, t, strings.ToUpper(firstWord(db.Statement.SQL.String())))
+	t := watchedTxOf(db.Statement.ConnPool)
+	if t == nil || db.Error != nil {
+		return
+	}
+	query := db.Statement.SQL.String()
+	s := parseTxStatement(query, db.Dialector.Name() == "postgres")
+	if s.kind != txOther {
+		return
+	}
+	if err := t.rolledBackErr(); err != nil {
+		db.AddError(err)
+		return
+	}
+	if t.holding() {
+		flushFor(db, t, leadingKeyword(query))
+	}
+}
+
+// observeError hands the error of a statement to its transaction, which drops its events when the
+// database rolled it back whole. It runs at the end of every chain, so that errors of statements the
+// transaction's connection does not see itself (PrepareStmt's) are seen too.
+func (p *Plugin) observeError(db *gorm.DB) {
+	if db.Error == nil {
+		return
+	}
+	if t := watchedTxOf(db.Statement.ConnPool); t != nil {
+		t.observe(db.Error)
 	}
 }
 
@@ -429,17 +810,7 @@ func holdingTx(db *gorm.DB) *watchedTx {
 
 // flushFor writes t's events before what, failing db's statement when they cannot be written.
 func flushFor(db *gorm.DB, t *watchedTx, what string) {
-	if err := t.flush(); err != nil {
+	if err := t.flush(true); err != nil {
 		db.AddError(fmt.Errorf("%w (written before %s)", err, what))
 	}
-}
-
-// firstWord returns the leading letters of query, after blanks and opening parentheses.
-func firstWord(query string) string {
-	q := strings.TrimLeft(query, " \t\r\n(")
-	n := 0
-	for n < len(q) && (q[n] >= 'a' && q[n] <= 'z' || q[n] >= 'A' && q[n] <= 'Z') {
-		n++
-	}
-	return q[:n]
 }

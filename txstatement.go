@@ -1,0 +1,287 @@
+package outboxplugin
+
+import (
+	"database/sql"
+	"reflect"
+	"runtime"
+	"strings"
+	"sync"
+	"weak"
+)
+
+// What a statement sent inside a watched transaction does to the transaction itself. The watch
+// (txwatch.go) reads the text of every statement that reaches the transaction's connection — through
+// Exec, Raw(...).Row/Rows/Scan, the connection's ExecContext/QueryContext/QueryRowContext, or a
+// prepared statement — and acts on those that mark a savepoint, undo work or end the transaction.
+
+// txStatementKind is what a statement does to its transaction.
+type txStatementKind int
+
+const (
+	// txOther: a statement that leaves the transaction as it is (SELECT, INSERT, UPDATE, DELETE, …).
+	txOther txStatementKind = iota
+	// txSavepoint: SAVEPOINT name.
+	txSavepoint
+	// txRelease: RELEASE [SAVEPOINT] name.
+	txRelease
+	// txRollbackTo: ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name.
+	txRollbackTo
+	// txRollback: ROLLBACK or ABORT of the whole transaction, with or without AND CHAIN.
+	txRollback
+	// txCommit: COMMIT, END or PREPARE TRANSACTION: the transaction's work is committed (or prepared
+	// for a two-phase commit) and its savepoints are gone.
+	txCommit
+	// txMayCommit: a statement MySQL and MariaDB commit the open transaction before (DDL, BEGIN,
+	// START TRANSACTION, LOCK TABLES, SET autocommit = 1, …). Held events are written before it. On
+	// the other databases, where such statements leave the transaction open, and for a SET that
+	// assigns something else, writing them early costs a round trip and changes nothing else; the
+	// savepoints are kept, since the statement may not have committed.
+	txMayCommit
+)
+
+// txStatement is a statement's effect on its transaction, with the savepoint it names.
+type txStatement struct {
+	kind txStatementKind
+	// savepoint is the name as the database compares it: unquoted names folded to lower case, quoted
+	// ones kept as written on PostgreSQL (see savepointName).
+	savepoint string
+}
+
+// implicitCommitWords are the first words of statements that MySQL and MariaDB commit the open
+// transaction before (the server manual's "statements that cause an implicit commit"), beyond COMMIT
+// itself. SET is there for SET autocommit = 1.
+var implicitCommitWords = map[string]bool{
+	"BEGIN": true, "START": true, "CREATE": true, "ALTER": true, "DROP": true, "RENAME": true,
+	"TRUNCATE": true, "LOCK": true, "UNLOCK": true, "GRANT": true, "REVOKE": true, "ANALYZE": true,
+	"OPTIMIZE": true, "REPAIR": true, "FLUSH": true, "INSTALL": true, "UNINSTALL": true, "LOAD": true,
+	"CACHE": true, "RESET": true, "XA": true, "SET": true,
+}
+
+// parseTxStatement reads what query does to its transaction. Leading blanks and comments (/* … */,
+// -- …, # …) are skipped and keywords are matched in any letter case, so that a statement carrying
+// an application's comment or written in lower case is recognised as the database recognises it.
+func parseTxStatement(query string, pg bool) txStatement {
+	s := sqlScanner{src: query}
+	switch s.keyword() {
+	case "SAVEPOINT":
+		return txStatement{kind: txSavepoint, savepoint: s.name(pg)}
+	case "RELEASE":
+		s.optional("SAVEPOINT")
+		return txStatement{kind: txRelease, savepoint: s.name(pg)}
+	case "ROLLBACK", "ABORT":
+		if !s.optional("WORK") {
+			s.optional("TRANSACTION")
+		}
+		if s.optional("PREPARED") {
+			return txStatement{} // ROLLBACK PREPARED 'id': another, prepared transaction
+		}
+		if s.optional("TO") {
+			s.optional("SAVEPOINT")
+			return txStatement{kind: txRollbackTo, savepoint: s.name(pg)}
+		}
+		return txStatement{kind: txRollback}
+	case "COMMIT":
+		if s.optional("PREPARED") {
+			return txStatement{}
+		}
+		return txStatement{kind: txCommit}
+	case "END":
+		return txStatement{kind: txCommit}
+	case "PREPARE":
+		if s.optional("TRANSACTION") {
+			return txStatement{kind: txCommit}
+		}
+		return txStatement{}
+	case "":
+		return txStatement{}
+	default:
+		if implicitCommitWords[s.last] {
+			return txStatement{kind: txMayCommit}
+		}
+		return txStatement{}
+	}
+}
+
+// leadingKeyword is the first word of query in upper case, after blanks and comments: "UPDATE".
+func leadingKeyword(query string) string {
+	s := sqlScanner{src: query}
+	return s.keyword()
+}
+
+// sqlScanner reads the leading words of a statement.
+type sqlScanner struct {
+	src  string
+	pos  int
+	last string // the last keyword read, in upper case
+}
+
+// skip moves past blanks, comments and opening parentheses.
+func (s *sqlScanner) skip() {
+	for s.pos < len(s.src) {
+		switch c := s.src[s.pos]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '(' || c == ';':
+			s.pos++
+		case c == '-' && strings.HasPrefix(s.src[s.pos:], "--"), c == '#':
+			if i := strings.IndexByte(s.src[s.pos:], '\n'); i >= 0 {
+				s.pos += i + 1
+			} else {
+				s.pos = len(s.src)
+			}
+		case c == '/' && strings.HasPrefix(s.src[s.pos:], "/*"):
+			if i := strings.Index(s.src[s.pos+2:], "*/"); i >= 0 {
+				s.pos += i + 4
+			} else {
+				s.pos = len(s.src)
+			}
+		default:
+			return
+		}
+	}
+}
+
+// keyword reads the next word (letters and underscores) in upper case, "" when none follows.
+func (s *sqlScanner) keyword() string {
+	s.skip()
+	start := s.pos
+	for s.pos < len(s.src) && isWordByte(s.src[s.pos], false) {
+		s.pos++
+	}
+	s.last = strings.ToUpper(s.src[start:s.pos])
+	return s.last
+}
+
+// optional reads the next word when it is kw (in any case), and reports whether it was.
+func (s *sqlScanner) optional(kw string) bool {
+	save := s.pos
+	if s.keyword() == kw {
+		return true
+	}
+	s.pos = save
+	return false
+}
+
+// name reads an identifier: a quoted one ("…", `…`, […]) or a bare word. Bare names are folded to
+// lower case, as the databases compare savepoint names: PostgreSQL folds unquoted names and keeps
+// quoted ones as written; MySQL, MariaDB and SQLite compare savepoint names without regard to case.
+func (s *sqlScanner) name(pg bool) string {
+	s.skip()
+	if s.pos >= len(s.src) {
+		return ""
+	}
+	var closing byte
+	switch s.src[s.pos] {
+	case '"':
+		closing = '"'
+	case '`':
+		closing = '`'
+	case '[':
+		closing = ']'
+	}
+	if closing != 0 {
+		var b strings.Builder
+		i := s.pos + 1
+		for i < len(s.src) {
+			if s.src[i] == closing {
+				if i+1 < len(s.src) && s.src[i+1] == closing && closing != ']' {
+					b.WriteByte(closing) // a doubled quote stands for itself
+					i += 2
+					continue
+				}
+				i++
+				break
+			}
+			b.WriteByte(s.src[i])
+			i++
+		}
+		s.pos = i
+		if pg {
+			return b.String()
+		}
+		return strings.ToLower(b.String())
+	}
+	start := s.pos
+	for s.pos < len(s.src) && isWordByte(s.src[s.pos], true) {
+		s.pos++
+	}
+	return strings.ToLower(s.src[start:s.pos])
+}
+
+// isWordByte reports whether c continues a keyword, or with ident an unquoted identifier (which may
+// hold digits and $ as well; bytes of multi-byte UTF-8 letters count as letters).
+func isWordByte(c byte, ident bool) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c == '_':
+		return true
+	case ident && (c >= '0' && c <= '9' || c == '$' || c >= 0x80):
+		return true
+	}
+	return false
+}
+
+// preparedTxStatements are the transaction statements prepared on a pool or in its transactions, by
+// prepared statement: GORM's PrepareStmt runs a statement as a *sql.Stmt, whose text the transaction
+// no longer sees when it runs. An entry lives as long as its statement.
+type preparedTxStatements struct {
+	m sync.Map // weak.Pointer[sql.Stmt] -> txStatement
+}
+
+// remember records what stmt does, when it is a transaction statement.
+func (r *preparedTxStatements) remember(stmt *sql.Stmt, s txStatement) {
+	if s.kind == txOther || stmt == nil {
+		return
+	}
+	key := weak.Make(stmt)
+	if _, loaded := r.m.LoadOrStore(key, s); !loaded {
+		runtime.AddCleanup(stmt, func(k weak.Pointer[sql.Stmt]) { r.m.Delete(k) }, key)
+	}
+}
+
+// lookup returns what stmt does, when it is a transaction statement.
+func (r *preparedTxStatements) lookup(stmt *sql.Stmt) (txStatement, bool) {
+	v, ok := r.m.Load(weak.Make(stmt))
+	if !ok {
+		return txStatement{}, false
+	}
+	return v.(txStatement), true
+}
+
+// mysqlErrorNumber returns the server's error number of a MySQL or MariaDB error in err's chain
+// (go-sql-driver's *mysql.MySQLError, read by its shape so that the core module does not depend on
+// the driver).
+func mysqlErrorNumber(err error) (uint16, bool) {
+	for _, e := range errorChain(err) {
+		v := reflect.ValueOf(e)
+		if v.Kind() == reflect.Pointer {
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct || v.Type().Name() != "MySQLError" {
+			continue
+		}
+		if f := v.FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
+			return uint16(f.Uint()), true
+		}
+	}
+	return 0, false
+}
+
+// errorChain lists err and every error it wraps, depth first.
+func errorChain(err error) []error {
+	var out []error
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil || len(out) > 64 {
+			return
+		}
+		out = append(out, e)
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	return out
+}

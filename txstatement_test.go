@@ -1,0 +1,95 @@
+package outboxplugin
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// What a statement does to its transaction, read as the databases read it: keywords in any case,
+// after blanks and comments, with the optional words each dialect allows, and savepoint names
+// compared as the database compares them.
+func TestParseTxStatement(t *testing.T) {
+	for _, c := range []struct {
+		query string
+		pg    bool
+		want  txStatement
+	}{
+		{"SAVEPOINT sp1", false, txStatement{txSavepoint, "sp1"}},
+		{"savepoint SP1", false, txStatement{txSavepoint, "sp1"}},
+		{"  \n\tSavePoint Sp1;", true, txStatement{txSavepoint, "sp1"}},
+		{`SAVEPOINT "Sp1"`, true, txStatement{txSavepoint, "Sp1"}},
+		{`SAVEPOINT "Sp1"`, false, txStatement{txSavepoint, "sp1"}},
+		{`SAVEPOINT "a""b"`, true, txStatement{txSavepoint, `a"b`}},
+		{"SAVEPOINT `Sp1`", false, txStatement{txSavepoint, "sp1"}},
+		{"SAVEPOINT sp$1_x", true, txStatement{txSavepoint, "sp$1_x"}},
+		{"/* app */ SAVEPOINT sp1", false, txStatement{txSavepoint, "sp1"}},
+		{"/* a */ /* b */SAVEPOINT/* c */sp1", false, txStatement{txSavepoint, "sp1"}},
+		{"-- app\n-- more\nSAVEPOINT sp1", false, txStatement{txSavepoint, "sp1"}},
+		{"# app\nSAVEPOINT sp1", false, txStatement{txSavepoint, "sp1"}},
+		{"RELEASE SAVEPOINT sp1", false, txStatement{txRelease, "sp1"}},
+		{"release sp1", true, txStatement{txRelease, "sp1"}},
+		{"ROLLBACK TO SAVEPOINT sp1", false, txStatement{txRollbackTo, "sp1"}},
+		{"rollback to sp1", true, txStatement{txRollbackTo, "sp1"}},
+		{"ROLLBACK WORK TO SAVEPOINT sp1", false, txStatement{txRollbackTo, "sp1"}},
+		{"ROLLBACK TRANSACTION TO SAVEPOINT Sp1", true, txStatement{txRollbackTo, "sp1"}},
+		{"/* undo */ Rollback To Savepoint SP1", false, txStatement{txRollbackTo, "sp1"}},
+		{"ROLLBACK", false, txStatement{kind: txRollback}},
+		{"rollback work", false, txStatement{kind: txRollback}},
+		{"ROLLBACK AND CHAIN", true, txStatement{kind: txRollback}},
+		{"ABORT", true, txStatement{kind: txRollback}},
+		{"ROLLBACK PREPARED 'gid'", true, txStatement{}},
+		{"COMMIT", false, txStatement{kind: txCommit}},
+		{"commit work", false, txStatement{kind: txCommit}},
+		{"END TRANSACTION", true, txStatement{kind: txCommit}},
+		{"PREPARE TRANSACTION 'gid'", true, txStatement{kind: txCommit}},
+		{"COMMIT PREPARED 'gid'", true, txStatement{}},
+		{"PREPARE stmt AS SELECT 1", true, txStatement{}},
+		{"CREATE TABLE t (id int)", false, txStatement{kind: txMayCommit}},
+		{"alter table t add c int", false, txStatement{kind: txMayCommit}},
+		{"LOCK TABLES t WRITE", false, txStatement{kind: txMayCommit}},
+		{"START TRANSACTION", false, txStatement{kind: txMayCommit}},
+		{"SET autocommit = 1", false, txStatement{kind: txMayCommit}},
+		{"TRUNCATE t", false, txStatement{kind: txMayCommit}},
+		{"SELECT 1", false, txStatement{}},
+		{"(SELECT 1)", false, txStatement{}},
+		{"INSERT INTO savepoint_log VALUES (1)", false, txStatement{}},
+		{"UPDATE t SET rollback = 1", false, txStatement{}},
+		{"WITH x AS (SELECT 1) DELETE FROM t", false, txStatement{}},
+		{"SAVEPOINTS", false, txStatement{}},
+		{"/* SAVEPOINT sp1 */ SELECT 1", false, txStatement{}},
+		{"-- SAVEPOINT sp1\nSELECT 1", false, txStatement{}},
+		{"/* unterminated", false, txStatement{}},
+		{"", false, txStatement{}},
+	} {
+		t.Run(fmt.Sprintf("%q", c.query), func(t *testing.T) {
+			if got := parseTxStatement(c.query, c.pg); got != c.want {
+				t.Errorf("parseTxStatement(%q, pg=%v) = %+v, want %+v", c.query, c.pg, got, c.want)
+			}
+		})
+	}
+}
+
+// A MySQL error number is found wherever the driver's error sits in the chain, and nothing is found
+// in an error that carries none.
+func TestMySQLErrorNumber(t *testing.T) {
+	wrapped := fmt.Errorf("outboxplugin: update User: %w", errors.Join(errors.New("other"), fmt.Errorf("x: %w", &MySQLError{Number: 1213})))
+	if n, ok := mysqlErrorNumber(wrapped); !ok || n != 1213 {
+		t.Errorf("mysqlErrorNumber(wrapped) = %d, %v; want 1213, true", n, ok)
+	}
+	if _, ok := mysqlErrorNumber(errors.New("Error 1213: not a driver error")); ok {
+		t.Error("a message that merely looks like one is not a MySQL error")
+	}
+	if _, ok := mysqlErrorNumber(nil); ok {
+		t.Error("nil is not a MySQL error")
+	}
+}
+
+// MySQLError has the shape of go-sql-driver's *mysql.MySQLError.
+type MySQLError struct {
+	Number   uint16
+	SQLState [5]byte
+	Message  string
+}
+
+func (e *MySQLError) Error() string { return fmt.Sprintf("Error %d: %s", e.Number, e.Message) }
