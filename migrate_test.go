@@ -3,9 +3,12 @@ package outboxplugin_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -124,6 +127,13 @@ func (t *recordingTx) QueryRowContext(ctx context.Context, q string, args ...any
 // with DisableWithReturning), and returns it with its statement log, emptied of the statements the
 // opening sent.
 func openRecording(t *testing.T, d dialect) (*gorm.DB, *ddlLog) {
+	db, _, log := openRecordingBeside(t, d)
+	return db, log
+}
+
+// openRecordingBeside is openRecording, also returning the database opened as usual (the same
+// SQLite file).
+func openRecordingBeside(t *testing.T, d dialect) (*gorm.DB, *gorm.DB, *ddlLog) {
 	t.Helper()
 	base := openDB(t, d, nil)
 	sqlDB, err := base.DB()
@@ -146,7 +156,7 @@ func openRecording(t *testing.T, d dialect) (*gorm.DB, *ddlLog) {
 	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
 	log.reset()
-	return db, log
+	return db, base, log
 }
 
 // A second AutoMigrate on an up-to-date table runs no DDL at all, whatever made the table: an
@@ -196,5 +206,60 @@ func TestAutoMigrateRunsNoDDLOnAnUpToDateTable(t *testing.T) {
 				twice(t, func() error { return outboxplugin.AutoMigrate(db.Table(schemaName + ".events")) })
 			})
 		}
+	})
+}
+
+// An upgrade of a table of the first version (made by the repository's migration file of version 1,
+// holding an event) adds what it lacks without holding up the table's writes — PostgreSQL: a column
+// added in the catalog, indexes built and dropped CONCURRENTLY, storage settings (a lock writes do
+// not wait for), no column re-typed (jsonb payloads stay jsonb); MySQL and MariaDB: every ALTER in
+// place or instant — and leaves a table the second AutoMigrate finds up to date and a worker relays
+// from.
+func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db, base, log := openRecordingBeside(t, d)
+		plain := db.Session(&gorm.Session{NewDB: true})
+		require.NoError(t, plain.Migrator().DropTable(outboxplugin.DefaultTableName))
+		t.Cleanup(func() { _ = plain.Migrator().DropTable(outboxplugin.DefaultTableName) })
+		v1, err := os.ReadFile(filepath.Join("migrations", d.server(), "golang-migrate", "000001_create_table.up.sql"))
+		require.NoError(t, err)
+		body := string(v1)
+		if d.name == "postgres" {
+			// As the first versions typed them.
+			body = strings.NewReplacer("payload json ", "payload jsonb ", "headers json,", "headers jsonb,").Replace(body)
+		}
+		for _, stmt := range sqlStatements(body) {
+			require.NoError(t, plain.Exec(stmt).Error, stmt)
+		}
+		require.NoError(t, plain.Exec(`INSERT INTO outbox_events (message_id, event_type, payload, created_at) VALUES (?, ?, ?, ?)`,
+			"0190d5a8-0000-7000-8000-000000000001", "Old_create", `{"id": 1}`, time.Now().UTC()).Error)
+
+		log.reset()
+		require.NoError(t, outboxplugin.AutoMigrate(db))
+		upgrade := log.writes()
+		require.NotEmpty(t, upgrade)
+		for _, stmt := range upgrade {
+			switch d.server() {
+			case "postgres":
+				assert.Regexp(t, `^(CREATE INDEX CONCURRENTLY|DROP INDEX CONCURRENTLY|ALTER TABLE "outbox_events" (ADD COLUMN IF NOT EXISTS attempt_history jsonb$|SET \())`, stmt)
+			case "mysql":
+				assert.Regexp(t, `^ALTER TABLE .*, ALGORITHM=(INSTANT|INPLACE, LOCK=NONE)$`, stmt)
+			default:
+				assert.Regexp(t, `^(CREATE INDEX IF NOT EXISTS|DROP INDEX IF EXISTS|ALTER TABLE .* ADD COLUMN attempt_history)`, stmt)
+			}
+		}
+		log.reset()
+		require.NoError(t, outboxplugin.AutoMigrate(db))
+		assert.Empty(t, log.writes(), "the second migration of an up-to-date table runs no DDL")
+
+		if d.name == "postgres" {
+			var types []string
+			require.NoError(t, plain.Raw(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'outbox_events'::regclass AND attname IN ('payload', 'headers') ORDER BY attname`).Scan(&types).Error)
+			assert.Equal(t, []string{"jsonb", "jsonb"}, types, "jsonb columns are kept")
+		}
+		rec := newRecorder()
+		n, err := newWorker(t, base, rec).ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
 	})
 }
