@@ -217,13 +217,16 @@ func TestAutoMigrateRunsNoDDLOnAnUpToDateTable(t *testing.T) {
 // from.
 func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
 	forEachDB(t, func(t *testing.T, d dialect) {
+		// A table of its own: its jsonb columns would break the statements other tests' connections
+		// keep prepared on outbox_events.
+		const table = "outbox_first_version"
 		db, base, log := openRecordingBeside(t, d)
 		plain := db.Session(&gorm.Session{NewDB: true})
-		require.NoError(t, plain.Migrator().DropTable(outboxplugin.DefaultTableName))
-		t.Cleanup(func() { _ = plain.Migrator().DropTable(outboxplugin.DefaultTableName) })
+		require.NoError(t, plain.Migrator().DropTable(table))
+		t.Cleanup(func() { require.NoError(t, plain.Migrator().DropTable(table)) })
 		v1, err := os.ReadFile(filepath.Join("migrations", d.server(), "golang-migrate", "000001_create_table.up.sql"))
 		require.NoError(t, err)
-		body := string(v1)
+		body := strings.ReplaceAll(string(v1), "outbox_events", table)
 		if d.name == "postgres" {
 			// As the first versions typed them.
 			body = strings.NewReplacer("payload json ", "payload jsonb ", "headers json,", "headers jsonb,").Replace(body)
@@ -231,17 +234,17 @@ func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
 		for _, stmt := range sqlStatements(body) {
 			require.NoError(t, plain.Exec(stmt).Error, stmt)
 		}
-		require.NoError(t, plain.Exec(`INSERT INTO outbox_events (message_id, event_type, payload, created_at) VALUES (?, ?, ?, ?)`,
+		require.NoError(t, plain.Exec(`INSERT INTO `+table+` (message_id, event_type, payload, created_at) VALUES (?, ?, ?, ?)`,
 			"0190d5a8-0000-7000-8000-000000000001", "Old_create", `{"id": 1}`, time.Now().UTC()).Error)
 
 		log.reset()
-		require.NoError(t, outboxplugin.AutoMigrate(db))
+		require.NoError(t, outboxplugin.AutoMigrate(db.Table(table)))
 		upgrade := log.writes()
 		require.NotEmpty(t, upgrade)
 		for _, stmt := range upgrade {
 			switch d.server() {
 			case "postgres":
-				assert.Regexp(t, `^(CREATE INDEX CONCURRENTLY|DROP INDEX CONCURRENTLY|ALTER TABLE "outbox_events" (ADD COLUMN IF NOT EXISTS attempt_history jsonb$|SET \())`, stmt)
+				assert.Regexp(t, `^(CREATE INDEX CONCURRENTLY|DROP INDEX CONCURRENTLY|ALTER TABLE "`+table+`" (ADD COLUMN IF NOT EXISTS attempt_history jsonb$|SET \())`, stmt)
 			case "mysql":
 				assert.Regexp(t, `^ALTER TABLE .*, ALGORITHM=(INSTANT|INPLACE, LOCK=NONE)$`, stmt)
 			default:
@@ -249,16 +252,16 @@ func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
 			}
 		}
 		log.reset()
-		require.NoError(t, outboxplugin.AutoMigrate(db))
+		require.NoError(t, outboxplugin.AutoMigrate(db.Table(table)))
 		assert.Empty(t, log.writes(), "the second migration of an up-to-date table runs no DDL")
 
 		if d.name == "postgres" {
 			var types []string
-			require.NoError(t, plain.Raw(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'outbox_events'::regclass AND attname IN ('payload', 'headers') ORDER BY attname`).Scan(&types).Error)
+			require.NoError(t, plain.Raw(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = '`+table+`'::regclass AND attname IN ('payload', 'headers') ORDER BY attname`).Scan(&types).Error)
 			assert.Equal(t, []string{"jsonb", "jsonb"}, types, "jsonb columns are kept")
 		}
 		rec := newRecorder()
-		n, err := newWorker(t, base, rec).ProcessOnce(context.Background())
+		n, err := newWorker(t, base, rec, outboxplugin.WithTable(table)).ProcessOnce(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, 1, n)
 	})
