@@ -25,17 +25,69 @@ func WithKeyOrderingIndex() MigrateOption {
 
 // AutoMigrate creates or updates the outbox table that db's plugin writes to (DefaultTableName when
 // the plugin is not registered or was not given WithTableName; the table of db.Table(name) when it is
-// given), with its indexes, and on PostgreSQL
-// gives it the storage settings the relay wants (see pgStorageOptions). It is everything the relay
-// needs: the worker runs no DDL, and refuses to run on a table without the claim index (see
-// OutboxEvent). On a table of an earlier version it adds the claim index and drops the pending index
-// (created_at, id) that it replaces. On PostgreSQL and SQLite it creates the dead index (dead_at, id)
-// WHERE dead_at IS NOT NULL that the Admin reads (a plain db.AutoMigrate does not: the Admin then
-// reads dead events without an index). With WithKeyOrderingIndex it also creates the per-key ordering
-// index. On PostgreSQL the indexes it adds to an existing table are built CONCURRENTLY, so that a live
-// table's writes are not held up, and an INVALID index a failed build left behind is replaced. A table
-// name that WithTableName would refuse is refused with ErrInvalidTableName, before anything is run.
+// given), with its indexes, and on PostgreSQL gives it the storage settings the relay wants (see
+// pgStorageOptions). It is everything the relay needs: the worker runs no DDL, and refuses to run on
+// a table without the claim index (see OutboxEvent).
+//
+// A new table is created with the statements SchemaSQL returns (in one transaction on PostgreSQL and
+// SQLite). On an existing table AutoMigrate reads the catalog and adds only what is missing, never
+// re-typing a column: the columns of later versions (nullable or with a constant default, so that
+// adding one is a change of the catalog), the claim index, the reference index, on PostgreSQL and
+// SQLite the dead index (dead_at, id) WHERE dead_at IS NOT NULL that the Admin reads, with
+// WithKeyOrderingIndex the per-key ordering index, and the storage settings the table has no value
+// for (a value of yours is kept). It drops the pending index (created_at, id) of earlier versions,
+// which the claim index replaces. Indexes are built without holding up the table's writes:
+// CONCURRENTLY on PostgreSQL (where an INVALID index a failed build left behind is replaced), in
+// place without a lock on MySQL and MariaDB. On an up-to-date table it runs no DDL at all, so calling
+// it at every start costs a few catalog queries. A PostgreSQL table whose payload and headers are
+// jsonb, as earlier versions made them, keeps them (docs/capture.md). PlanMigration returns the
+// statements it would run. A table name that WithTableName would refuse is refused with
+// ErrInvalidTableName, before anything is run.
 func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
+	db, table, plan, err := planMigration(db, opts)
+	if err != nil {
+		return err
+	}
+	if plan.create && db.Dialector.Name() != dialectMySQL {
+		// All or nothing: a table without its claim index would be refused by the relay.
+		err = db.Transaction(func(tx *gorm.DB) error {
+			for _, s := range plan.statements {
+				if err := tx.Exec(s).Error; err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	} else {
+		for _, s := range plan.statements {
+			if err = db.Exec(s).Error; err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
+	}
+	return nil
+}
+
+// PlanMigration returns the statements AutoMigrate(db, opts...) would run now, in order, without
+// running any: reading the catalog is all it does. It returns none for an up-to-date table.
+func PlanMigration(db *gorm.DB, opts ...MigrateOption) ([]string, error) {
+	_, _, plan, err := planMigration(db, opts)
+	return plan.statements, err
+}
+
+// migrationPlan is what AutoMigrate runs: the whole schema of a new table, or what an existing one
+// lacks.
+type migrationPlan struct {
+	create     bool // the table is new: statements that may run in one transaction
+	statements []string
+}
+
+// planMigration finds the table AutoMigrate(db, opts...) migrates, and what it would run on it. It
+// returns db as a new session, for running the plan.
+func planMigration(db *gorm.DB, opts []MigrateOption) (*gorm.DB, string, migrationPlan, error) {
 	var cfg migrateConfig
 	for _, o := range opts {
 		if o != nil {
@@ -49,43 +101,101 @@ func AutoMigrate(db *gorm.DB, opts ...MigrateOption) error {
 	if db.Statement != nil && db.Statement.TableExpr != nil {
 		named, err := tableOfStatement(db)
 		if err != nil {
-			return err
+			return nil, "", migrationPlan{}, err
 		}
 		table = named // AutoMigrate(db.Table("events")), AutoMigrate(db.Table("audit.events"))
 	}
-	fail := func(err error) error { return fmt.Errorf("outboxplugin: migrate %s: %w", table, err) }
 	db = db.Session(&gorm.Session{NewDB: true})
-	if db.Dialector.Name() == "postgres" && db.Migrator().HasTable(table) {
-		// An existing table of an earlier version: build the claim index without holding up the
-		// application's writes, before GORM's AutoMigrate would build it with a plain CREATE INDEX.
-		if err := createIndex(db, table, claimIndexName(db, table), claimIndexColumns, claimIndexWhere); err != nil {
-			return fail(err)
+	d := ddl{dialect: db.Dialector.Name(), table: table, namer: db.NamingStrategy}
+	if d.dialect != dialectPostgres && d.dialect != dialectMySQL {
+		d.dialect = dialectSQLite
+	}
+	plan, err := d.plan(db, cfg)
+	if err != nil {
+		return nil, "", migrationPlan{}, fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
+	}
+	return db, table, plan, nil
+}
+
+// plan reads the catalog of d's table and returns what AutoMigrate runs on it.
+func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
+	if !db.Migrator().HasTable(d.table) {
+		return migrationPlan{create: true, statements: d.createCurrent(cfg.keyOrdering)}, nil
+	}
+	var plan migrationPlan
+	columns, err := tableColumns(db, d.dialect, d.table)
+	if err != nil {
+		return plan, err
+	}
+	for _, c := range schemaColumns {
+		if !columns[c.name] {
+			plan.statements = append(plan.statements, d.addColumn(c))
 		}
 	}
-	if err := db.Table(table).AutoMigrate(&OutboxEvent{}); err != nil {
-		return fail(err)
-	}
-	// The pending index of earlier versions: the claim index does its work, and every insert paid for it.
-	if err := dropIndex(db, table, legacyPendingIndexName(db, table)); err != nil {
-		return fail(err)
-	}
-	if err := setStorageOptions(db, table); err != nil {
-		return fail(err)
-	}
-	// The dead index, for the Admin's counts and lists of dead events. Partial, so that it costs a
-	// write nothing until an event dies; MySQL and MariaDB, without partial indexes, find dead rows
-	// through the claim index's leading columns instead, and get no index every insert would pay for.
-	if name := db.Dialector.Name(); name == "postgres" || name == "sqlite" {
-		if err := createIndex(db, table, deadIndexName(db, table), deadIndexColumns, deadIndexWhere); err != nil {
-			return fail(err)
+	for _, ix := range currentIndexes(d.dialect, cfg.keyOrdering) {
+		name := ix.name(d.namer, d.table)
+		exists, valid, err := indexState(db, d.table, name)
+		if err != nil {
+			return plan, fmt.Errorf("look up index %s: %w", name, err)
+		}
+		if exists && !valid {
+			// What a failed CREATE INDEX CONCURRENTLY left behind: IF NOT EXISTS would keep it.
+			plan.statements = append(plan.statements, d.dropIndex(ix, true))
+		}
+		if !exists || !valid {
+			plan.statements = append(plan.statements, d.createIndex(ix, true, true))
+		}
+		if ix.suffix == claimIndex.suffix {
+			// The pending index of earlier versions: the claim index does its work, and every insert
+			// paid for it. Dropped once the claim index is there.
+			name := pendingIndex.name(d.namer, d.table)
+			if exists, _, err := indexState(db, d.table, name); err != nil {
+				return plan, fmt.Errorf("look up index %s: %w", name, err)
+			} else if exists {
+				plan.statements = append(plan.statements, d.dropIndex(pendingIndex, true))
+			}
 		}
 	}
-	if cfg.keyOrdering {
-		if err := createIndex(db, table, keyIndexName(table), keyIndexColumns, keyIndexWhere); err != nil {
-			return fail(fmt.Errorf("per-key ordering: %w", err))
+	missing, err := missingStorageOptions(db, d.table)
+	if err != nil {
+		return plan, err
+	}
+	if len(missing) > 0 {
+		plan.statements = append(plan.statements, d.setStorage(missing))
+	}
+	return plan, nil
+}
+
+// tableColumns returns the names of the columns table has.
+func tableColumns(db *gorm.DB, dialect, table string) (map[string]bool, error) {
+	var names []string
+	var err error
+	switch dialect {
+	case dialectPostgres:
+		err = db.Raw(`SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(?) AND attnum > 0 AND NOT attisdropped`,
+			pgQuotedName(table)).Scan(&names).Error
+	case dialectMySQL:
+		schemaName, name := "", table
+		if i := strings.LastIndex(table, "."); i >= 0 {
+			schemaName, name = table[:i], table[i+1:]
+		}
+		err = db.Raw(`SELECT column_name FROM information_schema.columns WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ?`,
+			schemaName, name).Scan(&names).Error
+	default:
+		if i := strings.LastIndex(table, "."); i >= 0 {
+			err = db.Raw(`SELECT name FROM pragma_table_info(?, ?)`, table[i+1:], table[:i]).Scan(&names).Error
+		} else {
+			err = db.Raw(`SELECT name FROM pragma_table_info(?)`, table).Scan(&names).Error
 		}
 	}
-	return nil
+	if err != nil {
+		return nil, fmt.Errorf("read the columns: %w", err)
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[strings.ToLower(n)] = true
+	}
+	return out, nil
 }
 
 // tableOfStatement is the table db.Table(name) named, schema included: GORM keeps only the part after
@@ -103,44 +213,25 @@ func tableOfStatement(db *gorm.DB) (string, error) {
 
 // keyIndexName is the name of the per-key ordering index of table.
 func keyIndexName(table string) string {
-	return "idx_" + strings.ReplaceAll(table, ".", "_") + "_key_pending"
+	return keyIndex.name(nil, table)
 }
 
 // gormIndexName is the name GORM gives OutboxEvent's index named in its tags on table. GORM names an
 // index after the table without its schema: db.Table("audit.events") keeps "events" in
 // Statement.Table, and the claim index of audit.events is idx_events_claim (in schema audit).
 func gormIndexName(db *gorm.DB, table, index string) string {
-	if i := strings.LastIndex(table, "."); i >= 0 {
-		table = table[i+1:]
-	}
-	return db.NamingStrategy.IndexName(table, index)
+	return db.NamingStrategy.IndexName(unqualified(table), index)
 }
 
-// claimIndexName is the name GORM gives table's claim index (OutboxEvent's "claim" composite), and
-// legacyPendingIndexName the name of the pending index (created_at, id) that earlier versions declared.
+// claimIndexName is the name GORM gives table's claim index (OutboxEvent's "claim" composite).
 func claimIndexName(db *gorm.DB, table string) string {
-	return gormIndexName(db, table, "claim")
+	return claimIndex.name(db.NamingStrategy, table)
 }
 
 // deadIndexName is the name of the dead index AutoMigrate creates on PostgreSQL and SQLite.
 func deadIndexName(db *gorm.DB, table string) string {
-	return db.NamingStrategy.IndexName(table, "dead")
+	return deadIndex.name(db.NamingStrategy, table)
 }
-
-func legacyPendingIndexName(db *gorm.DB, table string) string {
-	return gormIndexName(db, table, "pending")
-}
-
-// claimIndexColumns and claimIndexWhere are the claim index as OutboxEvent's tags declare it; on
-// PostgreSQL AutoMigrate builds it CONCURRENTLY before GORM's AutoMigrate would build it plainly.
-const (
-	claimIndexColumns = "processed, dead_at, next_attempt_at, created_at, id"
-	claimIndexWhere   = "processed = false AND dead_at IS NULL"
-	keyIndexColumns   = "aggregate_type, aggregate_id, id"
-	deadIndexColumns  = "dead_at, id"
-	deadIndexWhere    = "dead_at IS NOT NULL"
-	keyIndexWhere     = "processed = false"
-)
 
 // indexState reports whether table has the index name, and whether it is valid (only PostgreSQL
 // has invalid indexes: what a failed CREATE INDEX CONCURRENTLY leaves behind).
@@ -172,59 +263,6 @@ func pgIndexRef(table, name string) string {
 		qualified = pgQuotedName(table[:i]) + "." + qualified
 	}
 	return qualified
-}
-
-// createIndex creates the index name on table (columns, over the rows matching where on the databases
-// with partial indexes) where it is missing, or invalid.
-func createIndex(db *gorm.DB, table, name, columns, where string) error {
-	exists, valid, err := indexState(db, table, name)
-	if err != nil {
-		return fmt.Errorf("look up index %s: %w", name, err)
-	}
-	if exists && valid {
-		return nil
-	}
-	quotedTable := (&gorm.Statement{DB: db}).Quote(table)
-	switch db.Dialector.Name() {
-	case "postgres":
-		// CONCURRENTLY: a plain CREATE INDEX takes a SHARE lock, which waits for every open write
-		// transaction on the table and holds up every write that comes after it.
-		if exists {
-			if err := db.Exec(`DROP INDEX CONCURRENTLY IF EXISTS ` + pgIndexRef(table, name)).Error; err != nil {
-				return fmt.Errorf("drop the invalid index %s: %w", name, err)
-			}
-		}
-		err = db.Exec(`CREATE INDEX CONCURRENTLY IF NOT EXISTS ` + quotePGIdent(name) + ` ON ` + quotedTable +
-			` (` + columns + `) WHERE ` + where).Error
-	case "mysql":
-		err = db.Exec(`CREATE INDEX ` + name + ` ON ` + quotedTable + ` (` + columns + `)`).Error
-	default:
-		err = db.Exec(`CREATE INDEX IF NOT EXISTS ` + name + ` ON ` + quotedTable + ` (` + columns + `) WHERE ` + where).Error
-	}
-	if err != nil {
-		return fmt.Errorf("create index %s: %w", name, err)
-	}
-	return nil
-}
-
-// dropIndex drops the index name of table when it exists (on PostgreSQL CONCURRENTLY).
-func dropIndex(db *gorm.DB, table, name string) error {
-	exists, _, err := indexState(db, table, name)
-	if err != nil || !exists {
-		return err
-	}
-	switch db.Dialector.Name() {
-	case "postgres":
-		err = db.Exec(`DROP INDEX CONCURRENTLY IF EXISTS ` + pgIndexRef(table, name)).Error
-	case "mysql":
-		err = db.Exec(`DROP INDEX ` + name + ` ON ` + (&gorm.Statement{DB: db}).Quote(table)).Error
-	default:
-		err = db.Exec(`DROP INDEX IF EXISTS ` + name).Error
-	}
-	if err != nil {
-		return fmt.Errorf("drop index %s: %w", name, err)
-	}
-	return nil
 }
 
 // errMissingIndex: the worker found an index it needs missing or invalid.

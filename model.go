@@ -162,7 +162,8 @@ func (JSON) GormDataType() string { return "json" }
 // as written (jsonb would reorder its keys and respace it, so that one event would read differently on
 // different databases); json on MySQL and MariaDB (on MariaDB an alias of LONGTEXT with a validity
 // check, which keeps the text too); text on SQLite. A PostgreSQL column that is jsonb already, as
-// earlier versions of the plugin created it, stays jsonb: migrating it would rewrite the table under an
+// earlier versions of the plugin created it, stays jsonb under GORM's own db.AutoMigrate too (the
+// package's AutoMigrate never re-types a column): migrating it would rewrite the table under an
 // exclusive lock (docs/capture.md has the statement to run at a quiet hour).
 func (JSON) GormDBDataType(db *gorm.DB, field *schema.Field) string {
 	switch db.Dialector.Name() {
@@ -245,13 +246,4 @@ func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
 		}
 	}
 	return set, nil
-}
-
-// setStorageOptions applies pgStorageOptions to a PostgreSQL table, where it has no value of its own.
-func setStorageOptions(db *gorm.DB, table string) error {
-	set, err := missingStorageOptions(db, table)
-	if err != nil || len(set) == 0 {
-		return err
-	}
-	return db.Exec(`ALTER TABLE ` + (&gorm.Statement{DB: db}).Quote(table) + ` SET (` + strings.Join(set, ", ") + `)`).Error
 }

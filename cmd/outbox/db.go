@@ -126,22 +126,22 @@ func (a *app) openDB(ctx context.Context) (*gorm.DB, error) {
 		// The driver logs some connection errors itself, to stderr.
 		_ = mysql.SetLogger(log.New(redactingWriter{a}, "[mysql] ", log.LstdFlags))
 	}
-	db, err := gorm.Open(dialector(kind, driverDSN, nil), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(dialector(kind, driverDSN), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return nil, fmt.Errorf("open the %s database: %w", kind, err)
 	}
 	return db.WithContext(ctx), nil
 }
 
-// dialector returns GORM's dialector of kind for dsn, or over conn when it is not nil.
-func dialector(kind, dsn string, conn gorm.ConnPool) gorm.Dialector {
+// dialector returns GORM's dialector of kind for dsn.
+func dialector(kind, dsn string) gorm.Dialector {
 	switch kind {
 	case kindPostgres:
-		return postgres.New(postgres.Config{DSN: dsn, Conn: conn})
+		return postgres.New(postgres.Config{DSN: dsn})
 	case kindMySQL:
-		return gormmysql.New(gormmysql.Config{DSN: dsn, Conn: conn})
+		return gormmysql.New(gormmysql.Config{DSN: dsn})
 	}
-	return &sqlite.Dialector{DSN: dsn, Conn: conn}
+	return &sqlite.Dialector{DSN: dsn}
 }
 
 // closeDB closes db's connections.

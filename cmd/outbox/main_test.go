@@ -248,7 +248,7 @@ func openTestDB(t *testing.T, dsn string) *gorm.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := gorm.Open(dialector(kind, driverDSN, nil), &gorm.Config{Logger: logger.Discard})
+	db, err := gorm.Open(dialector(kind, driverDSN), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,48 +1,80 @@
 package main
 
 import (
-	"context"
-	"database/sql"
-	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outboxplugin"
 )
 
 func init() { register(newMigrateCmd) }
 
+// Values of --format.
+const (
+	formatSQL           = "sql"
+	formatGolangMigrate = string(outboxplugin.GolangMigrate)
+	formatGoose         = string(outboxplugin.Goose)
+)
+
 func newMigrateCmd(a *app) *cobra.Command {
-	var dryRun, keyOrdering bool
+	var (
+		dryRun, keyOrdering     bool
+		dialect, format, output string
+	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Create or update the outbox table and its indexes",
+		Short: "Create or update the outbox table, or print its schema and migration files",
 		Long: `migrate runs outboxplugin.AutoMigrate on --table: it creates the table, or brings one of an
-earlier version up to date, with the indexes the relay and these commands need. On PostgreSQL it builds
-the indexes of an existing table CONCURRENTLY.
+earlier version up to date, with the indexes the relay and these commands need. On an existing table
+it only adds what is missing and never re-types a column: on PostgreSQL columns are added in the
+catalog and indexes built CONCURRENTLY, on MySQL and MariaDB with ALGORITHM=INSTANT or INPLACE,
+LOCK=NONE, so the application's writes go on. On an up-to-date table it runs nothing.
 
---dry-run prints the statements instead of running them: the database is read (does the table exist,
-which indexes does it have) but nothing is written.
+--dry-run prints the statements instead of running them. With --db, those migrate would run on that
+database now (the catalog is read, nothing is written; nothing at all for an up-to-date table). With
+--dialect (postgres, mysql or sqlite; mariadb is mysql) no database is needed:
+  --format sql            (the default) the whole current schema of a new table, one script
+  --format golang-migrate the schema's history as golang-migrate files (NNNNNN_name.up.sql/.down.sql)
+  --format goose          the same as goose files (NNNNN_name.sql, marked NO TRANSACTION where needed)
+Each file is printed after a "-- ==> name <==" line, or written into --output DIR. The files of the
+default table are also in the repository's migrations folder; for another --table they are rendered
+with that name, since a migration file cannot take the table name as a parameter.
 
---table may be schema-qualified (audit.events): the table is created in that schema.`,
+--table may be schema-qualified (audit.events): the table is created in that schema, which must
+exist.`,
 		Example: `  outbox migrate --db postgres://app@db.internal/shop --dry-run
-  outbox migrate --db shop.db --table events --key-ordering-index`,
+  outbox migrate --db shop.db --table events --key-ordering-index
+  outbox migrate --dry-run --dialect postgres --table audit.events
+  outbox migrate --dry-run --dialect mysql --format goose --output db/migrations/outbox`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
+			var opts []outboxplugin.MigrateOption
+			if keyOrdering {
+				opts = append(opts, outboxplugin.WithKeyOrderingIndex())
+			}
+			switch {
+			case !dryRun && (dialect != "" || output != "" || cmd.Flags().Changed("format")):
+				return usagef("--dialect, --format and --output print the schema: give --dry-run")
+			case dialect == "" && (output != "" || cmd.Flags().Changed("format")):
+				return usagef("--format and --output need --dialect (the files do not depend on a database's state)")
+			case dialect != "":
+				return a.printSchema(dialect, format, output, keyOrdering, opts)
+			}
 			db, err := a.openDB(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer closeDB(db)
-			var opts []outboxplugin.MigrateOption
-			if keyOrdering {
-				opts = append(opts, outboxplugin.WithKeyOrderingIndex())
-			}
 			if dryRun {
-				return a.migrateDryRun(cmd.Context(), db, opts)
+				statements, err := outboxplugin.PlanMigration(db.Table(a.table), opts...)
+				if err != nil {
+					return err
+				}
+				return a.printStatements(statements, "-- "+a.table+" is up to date: nothing to run")
 			}
 			if err := outboxplugin.AutoMigrate(db.Table(a.table), opts...); err != nil {
 				return err
@@ -59,82 +91,109 @@ which indexes does it have) but nothing is written.
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the statements instead of running them")
 	cmd.Flags().BoolVar(&keyOrdering, "key-ordering-index", false, "also create the index a worker with WithKeyOrdering needs")
+	cmd.Flags().StringVar(&dialect, "dialect", "", "with --dry-run: print the schema of this database (postgres, mysql, sqlite) without connecting to one")
+	cmd.Flags().StringVar(&format, "format", formatSQL, "with --dialect: sql, golang-migrate or goose")
+	cmd.Flags().StringVar(&output, "output", "", "with --dialect: write the files into this directory instead of printing them")
 	return cmd
 }
 
-// migrateDryRun runs AutoMigrate over a connection that runs its queries and records its statements
-// instead of executing them, and prints those.
-func (a *app) migrateDryRun(ctx context.Context, db *gorm.DB, opts []outboxplugin.MigrateOption) error {
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	rec := &recordingConn{db: sqlDB}
-	dry, err := gorm.Open(dialector(db.Dialector.Name(), "", rec), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		return fmt.Errorf("open the dry run: %w", err)
-	}
-	if err := outboxplugin.AutoMigrate(dry.WithContext(ctx).Table(a.table), opts...); err != nil {
-		return err
-	}
-	statements := make([]string, len(rec.statements))
-	for i, s := range rec.statements {
-		statements[i] = dry.Dialector.Explain(s.query, s.args...)
-	}
+// printStatements prints statements, each ended by a semicolon, or none as the line empty says.
+func (a *app) printStatements(statements []string, none string) error {
 	if a.json {
-		out := struct {
+		return a.printJSON(struct {
 			Table      string   `json:"table"`
 			DryRun     bool     `json:"dry_run"`
 			Statements []string `json:"statements"`
-		}{Table: a.table, DryRun: true, Statements: statements}
-		return a.printJSON(out)
+		}{Table: a.table, DryRun: true, Statements: append([]string{}, statements...)})
 	}
 	if len(statements) == 0 {
-		fmt.Fprintf(a.stdout, "-- %s is up to date: nothing to run\n", a.table)
+		_, err := fmt.Fprintln(a.stdout, none)
+		return err
 	}
 	for _, s := range statements {
-		fmt.Fprintln(a.stdout, s+";")
+		if _, err := fmt.Fprintln(a.stdout, s+";"); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// recordingConn is a gorm.ConnPool that runs queries (the migrator's look at what exists) and
-// records every other statement instead of executing it. It has no transactions and no prepared
-// statements: a migration that needs them fails the dry run instead of writing.
-type recordingConn struct {
-	db         *sql.DB
-	statements []struct {
-		query string
-		args  []any
+// printSchema prints, without a database, the current schema of dialect (format sql) or its
+// migration files, or writes the files into output.
+func (a *app) printSchema(dialect, format, output string, keyOrdering bool, opts []outboxplugin.MigrateOption) error {
+	switch format {
+	case formatSQL:
+		if output != "" {
+			return usagef("--output writes migration files: give --format golang-migrate or goose")
+		}
+		statements, err := outboxplugin.SchemaSQL(dialect, a.table, opts...)
+		if err != nil {
+			return usageError{err}
+		}
+		return a.printStatements(statements, "")
+	case formatGolangMigrate, formatGoose:
+	default:
+		return usagef("--format %q: want sql, golang-migrate or goose", format)
 	}
+	if keyOrdering {
+		return usagef("--key-ordering-index: the migration files leave the per-key ordering index out; print its statement with --format sql and add it as a migration of your own")
+	}
+	fsys, err := outboxplugin.MigrationFiles(outboxplugin.MigrationFormat(format), dialect, a.table)
+	if err != nil {
+		return usageError{err}
+	}
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return err
+	}
+	type file struct {
+		Name    string `json:"name"`
+		Content string `json:"content"`
+	}
+	files := make([]file, len(entries))
+	for i, e := range entries {
+		b, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return err
+		}
+		files[i] = file{e.Name(), string(b)}
+	}
+	if output != "" {
+		if err := os.MkdirAll(output, 0o755); err != nil {
+			return err
+		}
+		for _, f := range files {
+			if err := os.WriteFile(filepath.Join(output, f.Name), []byte(f.Content), 0o644); err != nil {
+				return err
+			}
+		}
+		if a.json {
+			names := make([]string, len(files))
+			for i, f := range files {
+				names[i] = f.Name
+			}
+			return a.printJSON(struct {
+				Table  string   `json:"table"`
+				Output string   `json:"output"`
+				Files  []string `json:"files"`
+			}{a.table, output, names})
+		}
+		_, err := fmt.Fprintf(a.stdout, "wrote %d %s files of %s into %s\n", len(files), format, a.table, output)
+		return err
+	}
+	if a.json {
+		return a.printJSON(struct {
+			Table string `json:"table"`
+			Files []file `json:"files"`
+		}{a.table, files})
+	}
+	for i, f := range files {
+		if i > 0 {
+			fmt.Fprintln(a.stdout)
+		}
+		if _, err := fmt.Fprintf(a.stdout, "-- ==> %s <==\n%s", f.Name, f.Content); err != nil {
+			return err
+		}
+	}
+	return nil
 }
-
-var _ gorm.ConnPool = (*recordingConn)(nil)
-
-var errDryRunPrepare = errors.New("dry run: prepared statements are not supported")
-
-func (c *recordingConn) PrepareContext(context.Context, string) (*sql.Stmt, error) {
-	return nil, errDryRunPrepare
-}
-
-func (c *recordingConn) ExecContext(_ context.Context, query string, args ...any) (sql.Result, error) {
-	c.statements = append(c.statements, struct {
-		query string
-		args  []any
-	}{query, args})
-	return driverResult{}, nil
-}
-
-func (c *recordingConn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return c.db.QueryContext(ctx, query, args...)
-}
-
-func (c *recordingConn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return c.db.QueryRowContext(ctx, query, args...)
-}
-
-// driverResult is the result of a statement a dry run did not execute.
-type driverResult struct{}
-
-func (driverResult) LastInsertId() (int64, error) { return 0, nil }
-func (driverResult) RowsAffected() (int64, error) { return 0, nil }

@@ -414,7 +414,7 @@ func connectDB(ctx context.Context, kind, driverDSN string, r relayRedactor, log
 	if kind == kindMySQL {
 		_ = mysql.SetLogger(mysqlLogger(r))
 	}
-	db, err := gorm.Open(dialector(kind, driverDSN, nil), &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true})
+	db, err := gorm.Open(dialector(kind, driverDSN), &gorm.Config{Logger: logger.Discard, DisableAutomaticPing: true})
 	if err != nil {
 		return nil, fmt.Errorf("open the %s database: %w", kind, err)
 	}
