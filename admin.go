@@ -144,6 +144,10 @@ type Stats struct {
 	OldestPendingAge time.Duration
 	// ByType has the pending and dead counts of each event type that has any, by type name.
 	ByType []TypeStats
+	// TableWarnings is what the table lacks that makes the relay or the Admin slower than on a
+	// table made by AutoMigrate (see CheckTable): empty when the table is as AutoMigrate makes it,
+	// and typically non-empty when it was made by GORM's own db.AutoMigrate.
+	TableWarnings []TableWarning
 }
 
 // TypeStats are one event type's counts.
@@ -159,7 +163,8 @@ const ExactProcessedLimit = 10000
 
 // Stats counts the table's events by state and by type. The pending and dead counts are exact (they
 // read the claim and dead indexes, whose size is the backlog); the processed count is exact up to
-// ExactProcessedLimit and an estimate above (see Stats.Processed).
+// ExactProcessedLimit and an estimate above (see Stats.Processed). It also checks the table as
+// CheckTable does (catalog reads only), into Stats.TableWarnings.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	fail := func(err error) (Stats, error) {
 		return Stats{}, fmt.Errorf("outboxplugin: Stats of %s: %w", a.table, err)
@@ -244,6 +249,9 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 
 	if st.Processed, st.ProcessedApproximate, err = a.countProcessed(ctx, st.Pending+st.Dead); err != nil {
 		return fail(err)
+	}
+	if st.TableWarnings, err = checkTable(a.db.WithContext(ctx), a.table); err != nil {
+		return fail(fmt.Errorf("check the table: %w", err))
 	}
 	return st, nil
 }

@@ -19,14 +19,7 @@ import (
 //
 //	OUTBOX_BENCH_KEPT=10000000 go test -run '^$' -bench BenchmarkAdminAtScale -benchtime 20x -timeout 60m
 func BenchmarkAdminAtScale(b *testing.B) {
-	kept := 1000000
-	if v := os.Getenv("OUTBOX_BENCH_KEPT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("OUTBOX_BENCH_KEPT=%q: want a count of rows", v)
-		}
-		kept = n
-	}
+	kept := benchKept(b)
 	for _, d := range relayDialects() {
 		if d.name == "sqlite" {
 			continue // no targets there; a 10-million-row SQLite outbox is not what it is for
@@ -125,6 +118,19 @@ func BenchmarkAdminAtScale(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchKept is how many processed rows the Admin benchmarks keep: OUTBOX_BENCH_KEPT, default 1 000 000.
+func benchKept(b *testing.B) int {
+	v := os.Getenv("OUTBOX_BENCH_KEPT")
+	if v == "" {
+		return 1000000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("OUTBOX_BENCH_KEPT=%q: want a count of rows", v)
+	}
+	return n
 }
 
 // fillKept inserts n processed events created over the last seven days, oldest first.

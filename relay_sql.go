@@ -601,8 +601,9 @@ func (q *relaySQL) backlog(ctx context.Context) (int64, time.Time, error) {
 
 // prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no
 // DDL: AutoMigrate creates what it needs). It checks the claim index, and with per-key ordering the
-// index the ordering probes, and fails when one is missing or invalid (errMissingIndex); on PostgreSQL
-// it logs, once, a table without the storage settings claims want.
+// index the ordering probes, and fails when one is missing or invalid (errMissingIndex); it logs, once
+// per worker and at WARN, what else the table lacks that makes the relay or the Admin slower
+// (checkTable: a table made by GORM's own db.AutoMigrate).
 func (w *Worker) prepareTable(ctx context.Context) error {
 	w.prepareMu.Lock()
 	defer w.prepareMu.Unlock()
@@ -636,9 +637,15 @@ func (w *Worker) prepareTable(ctx context.Context) error {
 				errMissingIndex, idx.what, idx.name, w.cfg.table, state, idx.fix)
 		}
 	}
-	if missing, err := missingStorageOptions(db, w.cfg.table); err == nil && len(missing) > 0 {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: the outbox table lacks the storage settings claims want; outboxplugin.AutoMigrate(db) sets them",
-			slog.String("worker", w.owner), slog.String("table", w.cfg.table), slog.Any("missing", missing))
+	warnings, err := checkTable(db, w.cfg.table)
+	if err != nil {
+		return fmt.Errorf("outboxplugin: check the outbox table: %w", err)
+	}
+	for _, tw := range warnings {
+		// The same text as Admin.Stats, outbox status and the console give, so that one search finds
+		// the explanation whichever place an operator saw it in.
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: "+tw.String(),
+			slog.String("worker", w.owner), slog.String("table", w.cfg.table), slog.String("warning", string(tw.Code)))
 	}
 	w.prepared = true
 	return nil

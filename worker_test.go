@@ -605,6 +605,9 @@ func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 func TestPublishTimeout(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
+		// The table as AutoMigrate makes it: on a table made by GORM's own, the worker also warns
+		// of what the table lacks (TestGormAutoMigrateTableWarnings).
+		require.NoError(t, outboxplugin.AutoMigrate(db))
 		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}, {Name: "c"}}).Error)
 		hanging := outboxplugin.PublisherFunc(func(ctx context.Context, _ []outboxplugin.Message) error {
 			<-ctx.Done()

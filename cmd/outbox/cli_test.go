@@ -159,6 +159,68 @@ func TestStatus(t *testing.T) {
 	})
 }
 
+// A table made by GORM's own db.AutoMigrate: status warns (text on stderr, table_warnings in JSON) of
+// what it lacks on each database, with the cost and the fix, and still exits 0; after outbox migrate
+// nothing is left to warn about. A table of an earlier version keeps the pending index it had, on every
+// database, until outbox migrate drops it.
+func TestStatusTableWarnings(t *testing.T) {
+	want := map[string][]string{
+		"postgres": {"storage_settings", "dead_index"},
+		"sqlite":   {"dead_index"},
+		"mysql":    {},
+	}
+	forEachDB(t, func(t *testing.T, d *testDB) {
+		if err := d.db.AutoMigrate(&outboxplugin.OutboxEvent{}); err != nil {
+			t.Fatal(err)
+		}
+		check := func(step string, codes []string) {
+			t.Helper()
+			r := ok(t, "status", "--db", d.dsn)
+			warnings := regexp.MustCompile(`(?m)^WARNING: .*$`).FindAllString(r.stderr, -1)
+			if len(warnings) != len(codes) {
+				t.Errorf("%s: status prints %d warnings, want %d (%v):\n%s", step, len(warnings), len(codes), codes, r.stderr)
+			}
+			if strings.Contains(r.stdout, "WARNING") {
+				t.Errorf("%s: warnings on stdout:\n%s", step, r.stdout)
+			}
+			var st statsJSON
+			decode(t, ok(t, "status", "--db", d.dsn, "--json"), &st)
+			got := []string{}
+			for i, w := range st.TableWarnings {
+				got = append(got, w.Code)
+				if !strings.Contains(w.Fix, "outbox migrate") || w.Cost == "" || !strings.Contains(w.What, "outbox_events") {
+					t.Errorf("%s: warning %+v: want the table, a cost and the fix", step, w)
+				}
+				if w.Text != w.What+": "+w.Cost+". Fix: "+w.Fix {
+					t.Errorf("%s: text %q is not what, cost and fix", step, w.Text)
+				}
+				if i < len(warnings) && warnings[i] != "WARNING: "+w.Text {
+					t.Errorf("%s: text output %q, JSON %q", step, warnings[i], w.Text)
+				}
+			}
+			if st.TableWarnings == nil || !slices.Equal(got, codes) {
+				t.Errorf("%s: table_warnings %v, want %v", step, got, codes)
+			}
+		}
+		check("db.AutoMigrate", want[d.name])
+		if d.name == "postgres" {
+			r := ok(t, "status", "--db", d.dsn)
+			if !strings.Contains(r.stderr, "fillfactor = 50") || !strings.Contains(r.stderr, "a relay drains it at") {
+				t.Errorf("the storage settings warning names neither the settings nor the measured cost:\n%s", r.stderr)
+			}
+		}
+		ok(t, "migrate", "--db", d.dsn)
+		check("outbox migrate", []string{})
+
+		if err := d.db.Exec(`CREATE INDEX idx_outbox_events_pending ON outbox_events (created_at, id)`).Error; err != nil {
+			t.Fatal(err)
+		}
+		check("pending index of an earlier version", []string{"pending_index"})
+		ok(t, "migrate", "--db", d.dsn)
+		check("outbox migrate again", []string{})
+	})
+}
+
 // listIDs runs events list --json with args and returns the message ids and the next cursor.
 func listIDs(t *testing.T, d *testDB, args ...string) ([]string, string) {
 	t.Helper()

@@ -26,6 +26,19 @@ type statsJSON struct {
 	OldestPending        *time.Time      `json:"oldest_pending"`
 	OldestPendingSeconds float64         `json:"oldest_pending_age_seconds"`
 	ByType               []typeStatsJSON `json:"by_type"`
+	// TableWarnings is what the table lacks that makes the relay or the Admin slower (a table made by
+	// GORM's own db.AutoMigrate): [] when nothing.
+	TableWarnings []tableWarningJSON `json:"table_warnings"`
+}
+
+// tableWarningJSON is the JSON form of outboxplugin.TableWarning; Text is its String, the line the
+// text output and the worker's log give.
+type tableWarningJSON struct {
+	Code string `json:"code"`
+	What string `json:"what"`
+	Cost string `json:"cost"`
+	Fix  string `json:"fix"`
+	Text string `json:"text"`
 }
 
 type typeStatsJSON struct {
@@ -42,7 +55,13 @@ func newStatusCmd(a *app) *cobra.Command {
 processed, per event type, and the age of the oldest pending event (how far behind the relay is).
 
 The processed count is exact up to 10000 rows; above that it is the database's estimate, and the
-output says so ("~" in text, "processed_approximate": true in JSON).`,
+output says so ("~" in text, "processed_approximate": true in JSON).
+
+It also checks the table's catalog for what makes the relay or the console slower than on a table
+made by "outbox migrate" (a table made by GORM's own db.AutoMigrate lacks, on PostgreSQL, the storage
+settings and the dead index): each is printed as a WARNING line on stderr, with its measured cost and
+the fix, and listed in JSON as "table_warnings". They do not change the exit code: the counts were
+read.`,
 		Example: `  outbox status --db postgres://app@db.internal/shop
   outbox status --db shop.db --json`,
 		Args: noArgs,
@@ -69,6 +88,10 @@ func toStatsJSON(table string, st outboxplugin.Stats) statsJSON {
 		Table: table, At: st.At, Pending: st.Pending, Due: st.Due, Leased: st.Leased, Waiting: st.Waiting,
 		Dead: st.Dead, Processed: st.Processed, ProcessedApproximate: st.ProcessedApproximate,
 		OldestPendingSeconds: st.OldestPendingAge.Seconds(), ByType: []typeStatsJSON{},
+		TableWarnings: []tableWarningJSON{},
+	}
+	for _, w := range st.TableWarnings {
+		out.TableWarnings = append(out.TableWarnings, tableWarningJSON{Code: string(w.Code), What: w.What, Cost: w.Cost, Fix: w.Fix, Text: w.String()})
 	}
 	if !st.OldestPending.IsZero() {
 		out.OldestPending = &st.OldestPending
@@ -80,6 +103,10 @@ func toStatsJSON(table string, st outboxplugin.Stats) statsJSON {
 }
 
 func (a *app) printStats(st outboxplugin.Stats) error {
+	// On stderr, like the other notes of the text output, so that stdout stays the counts.
+	for _, w := range st.TableWarnings {
+		fmt.Fprintf(a.stderr, "WARNING: %s\n", w)
+	}
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 	processed := fmt.Sprint(st.Processed)
 	if st.ProcessedApproximate {
