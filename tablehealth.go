@@ -107,13 +107,13 @@ func checkTable(db *gorm.DB, table string) ([]TableWarning, error) {
 			}
 			warnings = append(warnings, TableWarning{
 				Code: TableWarningDeadIndex,
-				What: "the outbox table " + table + " " + state + " (" + index + ": " + deadIndexColumns + " WHERE " + deadIndexWhere + ")",
+				What: "the outbox table " + table + " " + state + " (" + index + ": " + deadIndex.columns + " WHERE " + deadIndex.where + ")",
 				Cost: deadIndexCost(name),
 				Fix:  tableFix,
 			})
 		}
 	}
-	index := legacyPendingIndexName(db, table)
+	index := pendingIndex.name(db.NamingStrategy, table)
 	exists, _, err := indexState(db, table, index)
 	if err != nil {
 		return nil, fmt.Errorf("look up index %s: %w", index, err)
