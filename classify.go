@@ -155,8 +155,11 @@ func mapRow(st *statementState, m, returned map[string]any) capturedRow {
 	return row
 }
 
-// readBack reads the stored row of each captured row by its key, in the same transaction, locking it
-// (FOR UPDATE also makes MySQL read the latest version rather than the transaction's snapshot).
+// readBack reads the stored row of each captured row by its key, in the same transaction. On MySQL it
+// locks them (FOR UPDATE also makes MySQL read the latest version rather than the transaction's
+// snapshot); on PostgreSQL the rows were written by this transaction, which holds their locks, and a
+// FOR UPDATE would only write a lock into each row again; SQLite has no row locks, and the
+// transaction's write lock is held.
 func (p *Plugin) readBack(db *gorm.DB, st *statementState, pool gorm.ConnPool, rows []capturedRow) error {
 	keys := make([][]any, 0, len(rows))
 	for _, r := range rows {
@@ -167,7 +170,7 @@ func (p *Plugin) readBack(db *gorm.DB, st *statementState, pool gorm.ConnPool, r
 	if len(keys) == 0 {
 		return nil
 	}
-	lock := db.Dialector.Name() != "sqlite" // SQLite has no row locks; the transaction's write lock is held
+	lock := db.Dialector.Name() == "mysql"
 	found, err := readByKeys(db, pool, db.Statement, st.schema, st.fields, keys, modelColumns(st.schema), nil, lock)
 	if err != nil {
 		return fmt.Errorf("read back the rows written: %w", err)

@@ -157,12 +157,15 @@ func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*s
 
 // readByKeys reads fields (then the raw columns extra) of the rows with the given keys; lock takes
 // them FOR UPDATE, which also makes MySQL read the latest committed version instead of the
-// transaction's snapshot.
+// transaction's snapshot. Integer keys are written as literals (keyInLiteral): besides MySQL's cost of
+// preparing many placeholders, PostgreSQL plans a statement the driver has prepared before once for
+// any values, and a plan made while the table was small scans it whole once it has grown (reading
+// back 100 rows of a 30 000-row table took 50 ms instead of 1 ms).
 func readByKeys(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, ident []*schema.Field, keys [][]any, fields []*schema.Field, extra []string, lock bool) ([]readRow, error) {
 	var out []readRow
 	for start := 0; start < len(keys); start += maxKeysPerRead {
 		part := keys[start:min(start+maxKeysPerRead, len(keys))]
-		rows, err := readWhere(db, pool, src, s, fields, extra, keyIn(ident, part), lock)
+		rows, err := readWhere(db, pool, src, s, fields, extra, keyInLiteral(ident, part), lock)
 		if err != nil {
 			return nil, err
 		}
