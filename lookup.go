@@ -159,8 +159,9 @@ func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*s
 // them FOR UPDATE, which also makes MySQL read the latest committed version instead of the
 // transaction's snapshot. Integer keys are written as literals (keyInLiteral): besides MySQL's cost of
 // preparing many placeholders, PostgreSQL plans a statement the driver has prepared before once for
-// any values, and a plan made while the table was small scans it whole once it has grown (reading
-// back 100 rows of a 30 000-row table took 50 ms instead of 1 ms).
+// any values, and a plan made while the table was small scans it whole once it has grown, until the
+// table is next analyzed (100 rows of a fresh 30 000-row table, in a transaction: 48 ms with bind
+// variables, 16 ms with one array parameter, 4 ms with literals, measured here).
 func readByKeys(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, ident []*schema.Field, keys [][]any, fields []*schema.Field, extra []string, lock bool) ([]readRow, error) {
 	var out []readRow
 	for start := 0; start < len(keys); start += maxKeysPerRead {
