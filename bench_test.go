@@ -149,7 +149,7 @@ func createWithRawOutboxInsert(tx *gorm.DB, users []BenchUser) error {
 // BenchmarkWritePath measures the cost the plugin adds to a write, on each database: plain GORM, GORM
 // with the plugin, and GORM with outbox rows written by hand, for one Create in a transaction, a
 // 100-row Create, an update by condition of 100 rows (update100), and a service's transaction of ten
-// statements (service: serviceTransaction). The variants run interleaved, in rotating order, in the same loop, so that drift
+// statements (service: serviceTransaction); plugin_row is the plugin with PayloadRow. The variants run interleaved, in rotating order, in the same loop, so that drift
 // on a shared machine hits them alike; the reported ratios (plugin/plain, handwritten/plain) are
 // the figures to read.
 //
@@ -169,6 +169,8 @@ func BenchmarkWritePath(b *testing.B) {
 				{"plugin", withPlugin, createOnly, updateByCondition},
 				{"handwritten", plain, createWithHandWrittenOutbox, updateWithHandWrittenOutbox},
 				{"raw_floor", plain, createWithRawOutboxInsert, nil},
+				// Payloads of the stored row, read back in the write (RETURNING) or after it by key.
+				{"plugin_row", pluginDB(b, d, plain, nil, outboxplugin.WithPayloadMode(outboxplugin.PayloadRow)), createOnly, updateByCondition},
 			}
 			if d.name == "postgres" {
 				// The default on PostgreSQL is unnest; compare with the plain multi-row VALUES, and

@@ -31,7 +31,9 @@ type Changeset struct {
 	// Schema is GORM's parsed model.
 	Schema *schema.Schema
 	// Keys holds the primary key of the row written, by column name. A model without a primary key is
-	// identified by all its columns, so Keys then holds the whole row.
+	// identified by all its columns, so Keys then holds the whole row, less the columns whose stored
+	// value the plugin has not read (a column its INSERT did not write; on MySQL, one its UPDATE
+	// assigned).
 	Keys map[string]any
 	// Row is a pointer to a value of the model for this row: the value GORM holds for it when the call
 	// had one (Create(&u), Save(&u), Model(&u).Updates(...), an element of a slice), otherwise the row
@@ -39,9 +41,10 @@ type Changeset struct {
 	// otherwise (updates and deletes by condition, creates from maps, in PayloadKey mode).
 	Row any
 	// Changes holds the columns the statement assigned, by column name: the inserted columns for a
-	// create, the SET (or DO UPDATE) columns for an update, nothing for a hard delete. In PayloadRow and
-	// PayloadChanges modes the values are those the database stored; in PayloadKey mode they are the
-	// values the statement sent, and columns set to an SQL expression are left out.
+	// create (not the omitted ones), the SET (or DO UPDATE) columns for an update, nothing for a hard
+	// delete. In PayloadRow and PayloadChanges modes the values are those the database stored (nil for
+	// NULL); in PayloadKey mode they are the values the statement sent, and columns set to an SQL
+	// expression are left out.
 	Changes map[string]any
 	// Context is the context of the GORM call.
 	Context context.Context

@@ -23,14 +23,19 @@ type capturedRow struct {
 	// held is the model value GORM holds for the row (an element of the statement's value); invalid
 	// when there is none.
 	held reflect.Value
-	// stored is the row as the database stored it, read back (PayloadRow, PayloadChanges); invalid
-	// when not read.
-	stored reflect.Value
+	// stored is the row as the database stored it, read back (PayloadRow, PayloadChanges); its elem
+	// is invalid when not read.
+	stored readRow
 	// assigned are the columns the statement assigned to the row.
 	assigned []string
 	// values are the values the statement sent, by column, when known: the map of a map create, the
 	// SET of an update (columns set to an expression left out). Changeset.Changes in PayloadKey mode.
 	values map[string]any
+	// unknown are columns whose stored value the plugin does not know, left out of the payload and
+	// the Changeset: only for a model without a primary key, whose rows cannot be read back by key,
+	// the columns its INSERT did not write (on MySQL, and in PayloadKey mode) or its UPDATE assigned
+	// (on MySQL).
+	unknown []string
 }
 
 // errBypassed: GORM wrote rows without going through the connection the plugin put in place, which
@@ -42,12 +47,15 @@ var errBypassed = errors.New("the write did not go through the plugin's connecti
 func (p *Plugin) createdRows(db *gorm.DB, st *statementState, w *write) ([]capturedRow, error) {
 	if w == nil {
 		rows := p.plainCreated(db, st)
-		if p.cfg.payload == PayloadKey {
+		if p.cfg.payload == PayloadKey && !p.wantsChangeset(st.schema) {
 			return rows, nil
 		}
 		cols := readInsertClauses(db.Statement).columns
 		for i := range rows {
 			rows[i].assigned = cols
+		}
+		if p.cfg.payload == PayloadKey {
+			return rows, nil
 		}
 		return rows, p.readBack(db, st, db.Statement.ConnPool, rows)
 	}
@@ -56,7 +64,7 @@ func (p *Plugin) createdRows(db *gorm.DB, st *statementState, w *write) ([]captu
 	}
 	switch w.strategy {
 	case returningWrite:
-		return w.returnedRows(), nil
+		return w.returnedRows()
 	case mysqlUpsert:
 		if w.many {
 			return w.classifyMany()
@@ -87,14 +95,30 @@ func (p *Plugin) plainCreated(db *gorm.DB, st *statementState) []capturedRow {
 	}
 	elems := structElems(stmt.ReflectValue)
 	rows := make([]capturedRow, 0, len(elems))
+	var unknown []string
+	if !st.hasPK {
+		unknown = unwritten(st, readInsertClauses(stmt).columns)
+	}
 	for _, e := range elems {
 		if !e.IsValid() {
 			continue
 		}
 		keys, _ := keysOf(stmt.Context, st.fields, e, st.hasPK)
-		rows = append(rows, capturedRow{op: ChangesetCreate, held: e, keys: keys})
+		rows = append(rows, capturedRow{op: ChangesetCreate, held: e, keys: keys, unknown: unknown})
 	}
 	return rows
+}
+
+// unwritten are the identity columns of a model without a primary key that an INSERT of the given
+// columns did not write: the model value holds a value for each, the row its default.
+func unwritten(st *statementState, columns []string) []string {
+	var out []string
+	for _, f := range st.fields {
+		if !contains(columns, f.DBName) {
+			out = append(out, f.DBName)
+		}
+	}
+	return out
 }
 
 func mapRows(st *statementState, given, returned []map[string]any) []capturedRow {
@@ -117,31 +141,49 @@ func mapRow(st *statementState, m, returned map[string]any) capturedRow {
 	if !complete && returned != nil {
 		keys, _ = keysFromMap(st.fields, returned, st.hasPK)
 	}
-	return capturedRow{op: ChangesetCreate, keys: keys, values: m}
+	row := capturedRow{op: ChangesetCreate, keys: keys, values: m}
+	if !st.hasPK {
+		// A column the map does not name holds its default, not the nil keysFromMap gives it.
+		for _, f := range st.fields {
+			if _, ok := m[f.DBName]; !ok {
+				if _, ok := m[f.Name]; !ok {
+					row.unknown = append(row.unknown, f.DBName)
+				}
+			}
+		}
+	}
+	return row
 }
 
-// readBack reads the stored row of each captured row by its key, in the same transaction, locking it
-// (FOR UPDATE also makes MySQL read the latest version rather than the transaction's snapshot).
+// readBack reads the stored row of each captured row by its key, in the same transaction. On MySQL it
+// locks them (FOR UPDATE also makes MySQL read the latest version rather than the transaction's
+// snapshot); on PostgreSQL the rows were written by this transaction, which holds their locks, and a
+// FOR UPDATE would only write a lock into each row again; SQLite has no row locks, and the
+// transaction's write lock is held.
 func (p *Plugin) readBack(db *gorm.DB, st *statementState, pool gorm.ConnPool, rows []capturedRow) error {
-	if len(rows) == 0 {
+	keys := make([][]any, 0, len(rows))
+	for _, r := range rows {
+		if r.unknown == nil {
+			keys = append(keys, r.keys)
+		} // else a row without a key, part of which is unknown: it cannot be found, or may find another
+	}
+	if len(keys) == 0 {
 		return nil
 	}
-	keys := make([][]any, len(rows))
-	for i, r := range rows {
-		keys[i] = r.keys
-	}
-	lock := db.Dialector.Name() != "sqlite" // SQLite has no row locks; the transaction's write lock is held
+	lock := db.Dialector.Name() == "mysql"
 	found, err := readByKeys(db, pool, db.Statement, st.schema, st.fields, keys, modelColumns(st.schema), nil, lock)
 	if err != nil {
 		return fmt.Errorf("read back the rows written: %w", err)
 	}
-	byKey := make(map[string]reflect.Value, len(found))
+	byKey := make(map[string]readRow, len(found))
 	for _, r := range found {
 		k, _ := keysOf(db.Statement.Context, st.fields, r.elem, false)
-		byKey[keyString(k)] = r.elem
+		byKey[keyString(k)] = r
 	}
 	for i := range rows {
-		rows[i].stored = byKey[keyString(rows[i].keys)]
+		if rows[i].unknown == nil {
+			rows[i].stored = byKey[keyString(rows[i].keys)]
+		}
 	}
 	return nil
 }
@@ -280,7 +322,7 @@ func (w *write) lastInserted() int {
 
 // returnedRows turns the rows the write returned into captured rows, paired with the model values
 // GORM holds (which GORM has filled from RETURNING by now).
-func (w *write) returnedRows() []capturedRow {
+func (w *write) returnedRows() ([]capturedRow, error) {
 	held := heldByKey(w.db, w.st)
 	var maps []map[string]any
 	if w.ins != nil && !w.ins.conflict && w.ins.modifier == modifierNone {
@@ -302,7 +344,7 @@ func (w *write) returnedRows() []capturedRow {
 		keys, ks := w.key(r.readRow)
 		row := capturedRow{op: r.op, keys: keys, held: held[ks], assigned: w.assigned(r.op)}
 		if w.stored {
-			row.stored = r.elem
+			row.stored = r.readRow
 		}
 		switch {
 		case i < len(maps):
@@ -315,7 +357,49 @@ func (w *write) returnedRows() []capturedRow {
 		}
 		rows = append(rows, row)
 	}
-	return rows
+	if w.stored {
+		return rows, w.rereadAfterTriggers(rows)
+	}
+	return rows, nil
+}
+
+// rereadAfterTriggers reads the rows the write inserted or updated again, by key, when the table has
+// triggers that may have changed them after RETURNING reported them (tableInfo.laterTriggers). It runs
+// after the write: on SQLite the write lock is held by then, so the catalog read cannot make the
+// write wait on a lock it could not upgrade.
+func (w *write) rereadAfterTriggers(rows []capturedRow) error {
+	db, stmt := w.db, w.db.Statement
+	if dialect := db.Dialector.Name(); dialect != "postgres" && dialect != "sqlite" {
+		return nil // MySQL's triggers cannot write the table they fire on
+	}
+	if w.st.op == ChangesetDelete && !w.soft {
+		return nil // the rows are gone; RETURNING had them as they were deleted
+	}
+	info := w.info
+	if info == nil {
+		var err error
+		if info, err = w.p.tableInfos.get(db, w.ConnPool, stmt.Context, stmt.Table); err != nil {
+			return err
+		}
+	}
+	if !info.laterTriggers {
+		return nil
+	}
+	written := make([]capturedRow, 0, len(rows))
+	at := make([]int, 0, len(rows))
+	for i, r := range rows {
+		if r.op != ChangesetDelete || w.soft {
+			written = append(written, r)
+			at = append(at, i)
+		}
+	}
+	if err := w.p.readBack(db, w.st, w.ConnPool, written); err != nil {
+		return err
+	}
+	for j, i := range at {
+		rows[i].stored = written[j].stored
+	}
+	return nil
 }
 
 // assigned returns the columns the statement assigned to a row that went through op.
@@ -399,7 +483,7 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 		seen[ks] = true
 		row := capturedRow{op: op, keys: keys, held: held[ks], assigned: w.assigned(op)}
 		if w.stored {
-			row.stored = r.elem
+			row.stored = r
 		}
 		rows = append(rows, row)
 	}
@@ -479,6 +563,9 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 			case i < len(elems) && elems[i].IsValid():
 				keys, _ := keysOf(ctx, w.st.fields, elems[i], w.st.hasPK)
 				r = capturedRow{op: ChangesetCreate, keys: keys, held: elems[i]}
+				if !w.st.hasPK {
+					r.unknown = unwritten(w.st, w.ins.columns)
+				}
 			default:
 				return nil, fmt.Errorf("%w: row %d of the upsert has no model value to read its key from", ErrUnsupportedWrite, i)
 			}
@@ -511,9 +598,17 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 	return rows, nil
 }
 
-// key returns the key of a row read back, and its keyString.
+// key returns the key of a row read back, and its keyString. A model without a primary key is
+// identified by all its columns, which may hold NULL: nil there, not the Go type's zero value.
 func (w *write) key(r readRow) ([]any, string) {
 	k, _ := keysOf(w.db.Statement.Context, w.st.fields, r.elem, false)
+	if len(r.nulls) > 0 {
+		for i, f := range w.st.fields {
+			if contains(r.nulls, f.DBName) {
+				k[i] = nil
+			}
+		}
+	}
 	return k, keyString(k)
 }
 
@@ -562,7 +657,7 @@ func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) ([]captu
 	}
 	switch w.strategy {
 	case returningWrite:
-		return w.returnedRows(), nil
+		return w.returnedRows()
 	case lockedWrite:
 		return w.lockedRows()
 	}
@@ -618,8 +713,20 @@ func (w *write) lockedRows() ([]capturedRow, error) {
 		if isUpdate {
 			rows[i].values = values
 		} else if w.stored {
-			rows[i].stored = r.elem
+			rows[i].stored = r
 		}
+	}
+	if isUpdate && !w.st.hasPK {
+		// Rows without a key cannot be read back after the update: what it did not assign is as
+		// the locked read found it, what it assigned is not known.
+		unknown := assignedColumns(w.set)
+		for i, r := range written {
+			rows[i].unknown = unknown
+			if w.stored {
+				rows[i].stored = r
+			}
+		}
+		return rows, nil
 	}
 	if w.stored && isUpdate {
 		return rows, w.p.readBack(db, w.st, w.ConnPool, rows)

@@ -124,7 +124,7 @@ func (r *capturedRow) modelValue() reflect.Value {
 	if r.held.IsValid() {
 		return r.held
 	}
-	return r.stored
+	return r.stored.elem
 }
 
 // customize hands the event to the model's CustomizeOutboxEvent and applies what it changed.
@@ -178,7 +178,9 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 		Context: stmt.Context,
 	}
 	for i, name := range keyNames {
-		cs.Keys[name] = row.keys[i]
+		if !contains(row.unknown, name) {
+			cs.Keys[name] = row.keys[i]
+		}
 	}
 	if v := row.modelValue(); v.IsValid() {
 		if v.CanAddr() {
@@ -189,8 +191,9 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 	}
 	switch {
 	case row.op == ChangesetDelete && row.assigned == nil:
-	case row.stored.IsValid():
+	case row.stored.elem.IsValid():
 		names, values := assignedValues(stmt.Context, st.schema, row.stored, row.assigned)
+		names, values = known(names, values, row.unknown)
 		cs.Changes = make(map[string]any, len(names))
 		for i, n := range names {
 			cs.Changes[n] = values[i]
@@ -198,7 +201,8 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 	case row.values != nil:
 		cs.Changes = row.values
 	case row.held.IsValid() && row.op == ChangesetCreate:
-		names, values := rowColumns(stmt.Context, st.schema, row.held)
+		// The values sent: the model value's, for the columns the INSERT wrote.
+		names, values := assignedValues(stmt.Context, st.schema, readRow{elem: row.held}, row.assigned)
 		cs.Changes = make(map[string]any, len(names))
 		for i, n := range names {
 			cs.Changes[n] = values[i]
@@ -212,14 +216,15 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 // model GORM cannot read) falls back to its key.
 func (p *Plugin) defaultPayload(ctx context.Context, st *statementState, keyNames []string, row *capturedRow) (string, error) {
 	mode := p.cfg.payload
-	if mode == PayloadKey || !row.stored.IsValid() || (mode == PayloadChanges && row.op == ChangesetDelete && row.assigned == nil) {
-		b, err := appendJSONObject(make([]byte, 0, 32), keyNames, row.keys)
+	if mode == PayloadKey || !row.stored.elem.IsValid() || (mode == PayloadChanges && row.op == ChangesetDelete && row.assigned == nil) {
+		names, values := known(keyNames, row.keys, row.unknown)
+		b, err := appendJSONObject(make([]byte, 0, 32), names, values)
 		return string(b), err
 	}
 	var names []string
 	var values []any
 	if mode == PayloadRow {
-		names, values = rowColumns(ctx, st.schema, row.stored)
+		names, values = rowColumns(ctx, st.schema, row.stored.elem, row.stored.nulls)
 	} else {
 		// The key first, then the assigned columns.
 		assignedNames, assignedVals := assignedValues(ctx, st.schema, row.stored, row.assigned)
@@ -227,7 +232,7 @@ func (p *Plugin) defaultPayload(ctx context.Context, st *statementState, keyName
 		values = make([]any, len(keyNames), len(names)+len(assignedNames))
 		for i, name := range keyNames {
 			if f := st.schema.LookUpField(name); f != nil {
-				values[i], _ = f.ValueOf(ctx, row.stored)
+				values[i] = columnValue(ctx, f, row.stored.elem, row.stored.nulls) // a row without a key: NULLs too
 			}
 		}
 		for i, n := range assignedNames {
@@ -237,13 +242,30 @@ func (p *Plugin) defaultPayload(ctx context.Context, st *statementState, keyName
 			}
 		}
 	}
+	names, values = known(names, values, row.unknown)
 	b, err := appendJSONObject(make([]byte, 0, 256), names, values)
 	return string(b), err
 }
 
+// known leaves the unknown columns out of names and values (copies, when there are any).
+func known(names []string, values []any, unknown []string) ([]string, []any) {
+	if len(unknown) == 0 {
+		return names, values
+	}
+	outNames := make([]string, 0, len(names))
+	outValues := make([]any, 0, len(values))
+	for i, n := range names {
+		if !contains(unknown, n) {
+			outNames = append(outNames, n)
+			outValues = append(outValues, values[i])
+		}
+	}
+	return outNames, outValues
+}
+
 // assignedValues reads the assigned columns that are model fields from a stored row, in the model's
 // field order.
-func assignedValues(ctx context.Context, s *schema.Schema, stored reflect.Value, assigned []string) ([]string, []any) {
+func assignedValues(ctx context.Context, s *schema.Schema, stored readRow, assigned []string) ([]string, []any) {
 	names := make([]string, 0, len(assigned))
 	values := make([]any, 0, len(assigned))
 	for _, name := range s.DBNames {
@@ -251,9 +273,8 @@ func assignedValues(ctx context.Context, s *schema.Schema, stored reflect.Value,
 		if f == nil || !f.Readable || !contains(assigned, name) {
 			continue
 		}
-		v, _ := f.ValueOf(ctx, stored)
 		names = append(names, name)
-		values = append(values, v)
+		values = append(values, columnValue(ctx, f, stored.elem, stored.nulls))
 	}
 	return names, values
 }

@@ -140,8 +140,9 @@ func aggregateIDPart(v any) string {
 	return fmt.Sprint(v)
 }
 
-// rowColumns reads every column of a model value, in the model's field order.
-func rowColumns(ctx context.Context, s *schema.Schema, elem reflect.Value) ([]string, []any) {
+// rowColumns reads every column of a model value, in the model's field order; the columns in nulls
+// (those a stored row holds NULL in) read as nil.
+func rowColumns(ctx context.Context, s *schema.Schema, elem reflect.Value, nulls []string) ([]string, []any) {
 	names := make([]string, 0, len(s.DBNames))
 	values := make([]any, 0, len(s.DBNames))
 	for _, name := range s.DBNames {
@@ -149,11 +150,21 @@ func rowColumns(ctx context.Context, s *schema.Schema, elem reflect.Value) ([]st
 		if f == nil || !f.Readable {
 			continue
 		}
-		v, _ := f.ValueOf(ctx, elem)
 		names = append(names, name)
-		values = append(values, v)
+		values = append(values, columnValue(ctx, f, elem, nulls))
 	}
 	return names, values
+}
+
+// columnValue is the value of f in elem, or nil when the stored row holds NULL in f's column: a Go
+// type without a NULL of its own (string, int, bool, time.Time) holds its zero value there, which is
+// not what the row holds.
+func columnValue(ctx context.Context, f *schema.Field, elem reflect.Value, nulls []string) any {
+	if len(nulls) > 0 && contains(nulls, f.DBName) {
+		return nil
+	}
+	v, _ := f.ValueOf(ctx, elem)
+	return v
 }
 
 // modelColumns are the columns of the model that a stored row is read with: every readable field
@@ -168,26 +179,62 @@ func modelColumns(s *schema.Schema) []*schema.Field {
 	return fields
 }
 
-// scanModelRow reads the current row of rows into a new value of the model. The row's columns are,
-// in order: len(before) columns read into before, one column per field, then len(after) columns read
-// into after.
-func scanModelRow(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*schema.Field, before, after []any) (reflect.Value, error) {
+// scanModelRow reads the current row of rows into a new value of the model, with GORM's field
+// setters, and notes which of the fields' columns hold NULL. The row's columns are, in order:
+// len(before) columns read into before, one column per field, then len(after) columns read into
+// after.
+func scanModelRow(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*schema.Field, before, after []any) (readRow, error) {
 	dests := make([]any, 0, len(before)+len(fields)+len(after))
 	dests = append(dests, before...)
 	for _, f := range fields {
-		dests = append(dests, f.NewValuePool.Get())
+		v := f.NewValuePool.Get()
+		if sc, ok := v.(sql.Scanner); ok {
+			// A serializer: it keeps the column's value to itself.
+			v = &nullProbe{Scanner: sc}
+		}
+		dests = append(dests, v)
 	}
 	dests = append(dests, after...)
 	err := rows.Scan(dests...)
-	elem := reflect.New(s.ModelType).Elem()
+	r := readRow{elem: reflect.New(s.ModelType).Elem()}
 	for i, f := range fields {
 		v := dests[len(before)+i]
+		if probe, ok := v.(*nullProbe); ok {
+			v = probe.Scanner
+			if probe.null {
+				r.nulls = append(r.nulls, f.DBName)
+			}
+		} else if scannedNull(v) {
+			r.nulls = append(r.nulls, f.DBName)
+		}
 		if err == nil {
-			if err = f.Set(ctx, elem, v); err != nil {
+			if err = f.Set(ctx, r.elem, v); err != nil {
 				err = fmt.Errorf("column %s: %w", f.DBName, err)
 			}
 		}
 		f.NewValuePool.Put(v)
 	}
-	return elem, err
+	return r, err
+}
+
+// nullProbe passes a column to a Scanner and notes whether it was NULL.
+type nullProbe struct {
+	sql.Scanner
+	null bool
+}
+
+func (p *nullProbe) Scan(src any) error {
+	p.null = src == nil
+	return p.Scanner.Scan(src)
+}
+
+// scannedNull reports whether a GORM scan destination of a field without a serializer (a **T)
+// received NULL: database/sql sets the *T to nil for NULL.
+func scannedNull(dest any) bool {
+	rv := reflect.ValueOf(dest)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return false
+	}
+	rv = rv.Elem()
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

@@ -111,10 +111,13 @@ func tupleIn(names []string, tuples [][]any) clause.Expression {
 	return clause.IN{Column: column, Values: values}
 }
 
-// readRow is one row read back: a model value holding the fields read, and the raw values of the
-// extra columns read after them.
+// readRow is one row read back: a model value holding the fields read, the columns among them that
+// hold NULL, and the raw values of the extra columns read after them.
 type readRow struct {
-	elem  reflect.Value
+	elem reflect.Value
+	// nulls are the columns the row holds NULL in. The model value cannot say it for a Go type
+	// without a NULL of its own (a string holds ""), and a payload must not claim that value.
+	nulls []string
 	extra []any
 }
 
@@ -142,23 +145,28 @@ func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*s
 		for i := range dests {
 			dests[i] = &extra[i]
 		}
-		elem, err := scanModelRow(ctx, rows, s, fields, nil, dests)
+		r, err := scanModelRow(ctx, rows, s, fields, nil, dests)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, readRow{elem: elem, extra: extra})
+		r.extra = extra
+		out = append(out, r)
 	}
 	return out, rows.Err()
 }
 
 // readByKeys reads fields (then the raw columns extra) of the rows with the given keys; lock takes
 // them FOR UPDATE, which also makes MySQL read the latest committed version instead of the
-// transaction's snapshot.
+// transaction's snapshot. Integer keys are written as literals (keyInLiteral): besides MySQL's cost of
+// preparing many placeholders, PostgreSQL plans a statement the driver has prepared before once for
+// any values, and a plan made while the table was small scans it whole once it has grown, until the
+// table is next analyzed (100 rows of a fresh 30 000-row table, in a transaction: 48 ms with bind
+// variables, 16 ms with one array parameter, 4 ms with literals, measured here).
 func readByKeys(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, ident []*schema.Field, keys [][]any, fields []*schema.Field, extra []string, lock bool) ([]readRow, error) {
 	var out []readRow
 	for start := 0; start < len(keys); start += maxKeysPerRead {
 		part := keys[start:min(start+maxKeysPerRead, len(keys))]
-		rows, err := readWhere(db, pool, src, s, fields, extra, keyIn(ident, part), lock)
+		rows, err := readWhere(db, pool, src, s, fields, extra, keyInLiteral(ident, part), lock)
 		if err != nil {
 			return nil, err
 		}
@@ -238,11 +246,12 @@ func contains(list []string, s string) bool {
 }
 
 // tableInfo is what the capture needs to know of a table beyond the model: its unique keys (for
-// upserts on MySQL and INSERT OR REPLACE on SQLite, which resolve a conflict on any of them) and, on
-// SQLite, how rows are addressed.
+// upserts on MySQL and INSERT OR REPLACE on SQLite, which resolve a conflict on any of them), on
+// SQLite how rows are addressed, and on PostgreSQL and SQLite whether triggers may change a row after
+// RETURNING reported it.
 type tableInfo struct {
 	// uniqueKeys are the column sets of the primary key and of every unique index, the primary key
-	// first.
+	// first (MySQL and SQLite; PostgreSQL's upserts say per row what they did).
 	uniqueKeys [][]string
 	// expressionKey names a unique index on an expression, whose conflicts cannot be looked up by
 	// column values ("" when there is none).
@@ -250,6 +259,11 @@ type tableInfo struct {
 	// SQLite: whether the table has a rowid, and whether its primary key is that rowid (a single
 	// INTEGER PRIMARY KEY column).
 	hasRowid, rowidKey bool
+	// laterTriggers: the table has triggers that run after the row a write returns was computed
+	// (PostgreSQL: AFTER INSERT or UPDATE triggers; SQLite, whose triggers cannot change NEW: any
+	// trigger). What they change is not in the write's RETURNING, so the stored row is read again
+	// by key after the write. MySQL's triggers cannot write the table they fire on.
+	laterTriggers bool
 }
 
 type tableInfoKey struct{ dialect, table string }
@@ -273,6 +287,8 @@ func (t *tableInfos) get(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, t
 	switch key.dialect {
 	case "sqlite":
 		info, err = sqliteTableInfo(db, pool, ctx, table)
+	case "postgres":
+		info, err = postgresTableInfo(db, pool, ctx, table)
 	default:
 		info, err = mysqlTableInfo(db, pool, ctx, table)
 	}
@@ -281,6 +297,23 @@ func (t *tableInfos) get(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, t
 	}
 	t.m.Store(key, info)
 	return info, nil
+}
+
+// postgresTableInfo reads whether the table has enabled AFTER triggers on INSERT or UPDATE (pg_trigger's
+// tgtype: 2 BEFORE, 64 INSTEAD OF, 4 INSERT, 16 UPDATE), row or statement level: both run once the
+// statement's RETURNING rows are computed. Constraint triggers of foreign keys are internal and write
+// other tables.
+func postgresTableInfo(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, table string) (*tableInfo, error) {
+	quoted := (&gorm.Statement{DB: db}).Quote(table)
+	rows, err := tracedQuery(db, pool, ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND NOT tgisinternal AND tgenabled <> 'D' AND tgtype & 66 = 0 AND tgtype & 20 <> 0)`, quoted)
+	if err != nil {
+		return nil, err
+	}
+	info := &tableInfo{}
+	if rows.Next() {
+		err = rows.Scan(&info.laterTriggers)
+	}
+	return info, errors.Join(err, rows.Err(), rows.Close())
 }
 
 // mysqlTableInfo reads the unique keys from information_schema, PRIMARY first, each index's columns
@@ -352,6 +385,12 @@ func sqliteTableInfo(db *gorm.DB, pool gorm.ConnPool, ctx context.Context, table
 		return nil, err
 	}
 	info.rowidKey = info.hasRowid && len(pk) == 1 && strings.EqualFold(pkType, "INTEGER")
+
+	row := pool.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?1 COLLATE NOCASE
+		UNION ALL SELECT 1 FROM sqlite_temp_master WHERE type = 'trigger' AND tbl_name = ?1 COLLATE NOCASE)`, table)
+	if err := row.Scan(&info.laterTriggers); err != nil {
+		return nil, err
+	}
 	if len(pk) > 0 {
 		info.uniqueKeys = append(info.uniqueKeys, pk)
 	}

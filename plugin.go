@@ -86,14 +86,17 @@ const (
 	// PayloadRow is the row as the database stored it after the write, every column of the model
 	// keyed by column name: read back in the same statement (RETURNING on PostgreSQL and SQLite) or
 	// by key in the same transaction (MySQL, MariaDB). Columns the statement did not write (Omit,
-	// Select) carry what the row holds, not the values of the Go struct; expressions (gorm.Expr) carry
-	// their result; timestamps carry the precision the database keeps. A delete carries the row as it
-	// was when deleted.
+	// Select) carry what the row holds, not the values of the Go struct; a column holding NULL is
+	// null whatever its Go type; defaults, generated columns and triggers carry what the database
+	// stored (a table with triggers that run after RETURNING is read again after the write);
+	// expressions (gorm.Expr) carry their result; timestamps carry the precision the database keeps.
+	// A delete carries the row as it was when deleted.
 	PayloadRow
 
 	// PayloadChanges is the key plus the columns the statement assigned, with the values the database
-	// stored: the inserted columns for a create, the SET columns for an update (an upsert that
-	// updated a row: its DO UPDATE columns), the key alone for a hard delete.
+	// stored (null for NULL): the inserted columns for a create (not the omitted ones), the SET
+	// columns for an update (an upsert that updated a row: its DO UPDATE columns), the key alone for a
+	// hard delete.
 	PayloadChanges
 )
 

@@ -497,7 +497,7 @@ func (w *write) readReturned(rows *sql.Rows, fields []*schema.Field, flags int, 
 		if rowid {
 			after = append(after, &r.rowid)
 		}
-		r.elem, err = scanModelRow(ctx, rows, w.st.schema, fields, before, after)
+		r.readRow, err = scanModelRow(ctx, rows, w.st.schema, fields, before, after)
 		if err != nil {
 			return nil, err
 		}
