@@ -26,7 +26,7 @@ type Plugin struct {
 	customizers sync.Map // reflect.Type of a model -> bool: whether it implements EventCustomizer
 
 	tables     modelTables // the models of tables written through db.Table(...) without one
-	tableInfos tableInfos  // unique keys and rowid of tables, for upserts (lookup.go)
+	tableInfos tableInfos  // unique keys, rowid and later triggers of tables (lookup.go)
 
 	insertStrategy      insertStrategy // zero: per dialect; set by tests and benchmarks to compare
 	lockedWrites        bool           // updates and deletes by condition as locked writes, as without RETURNING; set by tests
