@@ -150,7 +150,7 @@ func (p *Plugin) begin(op ChangesetType) func(*gorm.DB) {
 			return
 		}
 		if t := watchedTxOf(db.Statement.ConnPool); t != nil {
-			if err := t.rolledBackErr(); err != nil {
+			if err := t.closedErr(); err != nil {
 				db.AddError(err) // the write would commit on its own, outside the transaction
 				return
 			}
@@ -238,11 +238,19 @@ func (p *Plugin) beforeCreate(db *gorm.DB) {
 	}
 }
 
-func (p *Plugin) afterCreate(db *gorm.DB) { p.after(db, p.createdRows) }
+func (p *Plugin) afterCreate(db *gorm.DB) {
+	p.after(db, func(db *gorm.DB, st *statementState, w *write) (capturedRows, error) {
+		rows, err := p.createdRows(db, st, w)
+		return listedRows(rows), err
+	})
+}
 
 // after runs right after the write, before the after hooks: it gives the statement its connection
-// back, lists the rows written and inserts their events.
-func (p *Plugin) after(db *gorm.DB, rowsOf func(*gorm.DB, *statementState, *write) ([]capturedRow, error)) {
+// back, lists the rows written and hands their events to the transaction. When that fails, the
+// statement fails, and its transaction cannot commit unless it rolls back to a savepoint set before
+// the statement: the rows are written, and would otherwise commit without their events (or with
+// some of them).
+func (p *Plugin) after(db *gorm.DB, rowsOf func(*gorm.DB, *statementState, *write) (capturedRows, error)) {
 	st := stateOf(db)
 	if st == nil {
 		return
@@ -253,10 +261,16 @@ func (p *Plugin) after(db *gorm.DB, rowsOf func(*gorm.DB, *statementState, *writ
 	}
 	rows, err := rowsOf(db, st, w)
 	if err != nil {
-		db.AddError(fmt.Errorf("outboxplugin: %s %s: %w", st.op, st.schema.Name, err))
-		return
+		err = fmt.Errorf("outboxplugin: %s %s: %w", st.op, st.schema.Name, err)
+	} else {
+		err = p.writeEvents(db, st, rows)
 	}
-	p.writeEvents(db, st, rows)
+	if err != nil {
+		db.AddError(err)
+		if t := watchedTxOf(db.Statement.ConnPool); t != nil {
+			t.fail(err)
+		}
+	}
 }
 
 // beforeWrite runs just before an update or delete is executed.

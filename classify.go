@@ -644,24 +644,107 @@ func sameValues(a, b []any) bool {
 }
 
 // writtenRows lists the rows an update or delete wrote.
-func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) ([]capturedRow, error) {
+func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) (capturedRows, error) {
 	if w != nil && !w.fired {
-		return nil, errBypassed
+		return capturedRows{}, errBypassed
 	}
 	if w == nil || w.strategy == plainWrite {
 		row := capturedRow{op: st.op, keys: st.singleKeys, held: db.Statement.ReflectValue}
 		if w != nil {
 			row.values, row.assigned = setValues(w.set), assignedColumns(w.set)
 		}
-		return []capturedRow{row}, nil
+		return listedRows([]capturedRow{row}), nil
 	}
+	var (
+		rows []capturedRow
+		err  error
+	)
 	switch w.strategy {
 	case returningWrite:
-		return w.returnedRows()
+		if w.compact {
+			return w.keyedRows(nil, w.st.op == ChangesetUpdate), nil
+		}
+		rows, err = w.returnedRows()
 	case lockedWrite:
-		return w.lockedRows()
+		if w.compact {
+			return w.lockedKeyedRows()
+		}
+		rows, err = w.lockedRows()
+	default:
+		err = fmt.Errorf("outboxplugin: %s with write strategy %d", st.op, w.strategy)
 	}
-	return nil, fmt.Errorf("outboxplugin: %s with write strategy %d", st.op, w.strategy)
+	return listedRows(rows), err
+}
+
+// keyedRows are the rows of a compact write (see write.compact): those at the indexes only lists, or
+// all of them, made from their keys one at a time when their events are built, each paired with the
+// model value GORM holds for it, if any. withValues gives each row the values of the SET clause.
+func (w *write) keyedRows(only []int32, withValues bool) capturedRows {
+	held := heldByKey(w.db, w.st)
+	var values map[string]any
+	if withValues {
+		values = setValues(w.set)
+	}
+	assigned := w.assigned(w.st.op)
+	n := w.keys.len()
+	if only != nil {
+		n = len(only)
+	}
+	return capturedRows{n: n, make: func(i int) capturedRow {
+		if only != nil {
+			i = int(only[i])
+		}
+		keys := w.keys.at(i)
+		row := capturedRow{op: w.st.op, keys: keys, assigned: assigned, values: values}
+		if len(held) > 0 {
+			row.held = held[keyString(keys)]
+		}
+		if w.st.single && !row.held.IsValid() {
+			row.held = w.db.Statement.ReflectValue
+		}
+		return row
+	}}
+}
+
+// lockedKeyedRows is lockedRows for a compact write: every key it locked, except, for an UPDATE, the
+// rows MySQL left as they were, found by reading the assigned columns again, a chunk of keys at a
+// time, when the count says some were.
+func (w *write) lockedKeyedRows() (capturedRows, error) {
+	locked := w.keys.len()
+	if locked == 0 {
+		return capturedRows{}, nil
+	}
+	isUpdate := w.st.op == ChangesetUpdate || w.soft
+	var only []int32
+	switch {
+	case w.affected == int64(locked):
+	case !isUpdate || w.affected > int64(locked):
+		return capturedRows{}, fmt.Errorf("%w: %d rows locked, %d written", ErrConcurrentChange, locked, w.affected)
+	default:
+		db, stmt := w.db, w.db.Statement
+		only = make([]int32, 0, w.affected)
+		for start := 0; start < locked; start += maxKeysPerRead {
+			end := min(start+maxKeysPerRead, locked)
+			after, err := readByKeys(db, w.ConnPool, stmt, w.st.schema, w.st.fields, w.keys.chunk(start, end), w.st.fields, w.compareColumns(), true)
+			if err != nil {
+				return capturedRows{}, err
+			}
+			afterBy := make(map[string][]byte, len(after))
+			for _, r := range after {
+				_, ks := w.key(r)
+				afterBy[ks] = encodeRawValues(r.extra)
+			}
+			for i := start; i < end; i++ {
+				if a, ok := afterBy[keyString(w.keys.at(i))]; ok && !bytes.Equal(w.extras.at(i), a) {
+					only = append(only, int32(i))
+				}
+			}
+		}
+		if int64(len(only)) != w.affected {
+			return capturedRows{}, fmt.Errorf("%w: %d rows changed, %d found changed", ErrConcurrentChange, w.affected, len(only))
+		}
+	}
+	return w.keyedRows(only, isUpdate), nil
 }
 
 // lockedRows are the rows a locked write changed: every key it locked, except, for an UPDATE, rows

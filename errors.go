@@ -60,6 +60,11 @@ var (
 	// events is written. Roll back and run the transaction again.
 	ErrTransactionRolledBack = errors.New("the database rolled the transaction back")
 
+	// ErrTransactionEnded is returned by a write or Emit in a transaction the application ended with a
+	// COMMIT or ROLLBACK statement of its own (tx.Exec("COMMIT")): the write would commit on its own,
+	// apart from its event. Begin a new transaction.
+	ErrTransactionEnded = errors.New("the transaction was ended")
+
 	// ErrUnknownSavepoint is returned by the commit of a transaction that rolled back to a savepoint
 	// the plugin did not see being set (SQL sent on SQLTx's *sql.Tx, around GORM) while it held
 	// events: which of them the rollback undid cannot be told, so the transaction is rolled back

@@ -41,44 +41,86 @@ func (p *Plugin) wantsChangeset(s *schema.Schema) bool {
 	return p.cfg.eventType != nil || p.customizes(s.ModelType)
 }
 
-// writeEvents turns the captured rows of one statement into events and hands them to the statement's
-// transaction, which writes them with the rest of its events (insertEvents). Any failure is added to
-// db, which fails the GORM call and rolls its transaction back.
-func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows []capturedRow) {
-	if len(rows) == 0 {
-		return
-	}
-	origin := string(st.op) + " " + st.schema.Name
-	events, err := p.buildEvents(db, st, rows)
-	if err == nil && len(events) > 0 {
-		err = p.insertEvents(db, db.Statement.ConnPool, events, origin)
-	}
-	if err != nil {
-		db.AddError(fmt.Errorf("outboxplugin: %s: %w", origin, err))
-	}
+// capturedRows are the rows a statement wrote: listed, or — for an update or delete by condition,
+// whose rows the write learnt as their keys alone — made one at a time from those keys when their
+// events are built, so that a statement of a million rows never holds a million captured rows.
+type capturedRows struct {
+	n    int
+	list []capturedRow
+	make func(i int) capturedRow // row i, when list is nil
 }
 
-func (p *Plugin) buildEvents(db *gorm.DB, st *statementState, rows []capturedRow) ([]pendingEvent, error) {
-	s := st.schema
-	ctx := db.Statement.Context
+func listedRows(rows []capturedRow) capturedRows { return capturedRows{n: len(rows), list: rows} }
 
-	var headerMap map[string]string
-	if p.cfg.headers != nil {
-		headerMap = p.cfg.headers(ctx)
+// eventChunk is how many rows' events are built at a time: one INSERT's worth, which the transaction
+// writes as soon as it holds it (txwatch.go).
+const eventChunk = maxRowsPerInsert
+
+// writeEvents turns the captured rows of one statement into events and hands them to the statement's
+// transaction, which writes them with the rest of its events (insertEvents), a chunk at a time: the
+// events of a large statement are written as they are built, not held all at once. Any failure is
+// added to db, which fails the GORM call and rolls its transaction back.
+func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows capturedRows) error {
+	if rows.n == 0 {
+		return nil
 	}
-	headers, err := encodeHeaders(headerMap)
+	origin := string(st.op) + " " + st.schema.Name
+	b, err := p.newEventBuilder(db, st)
+	var buf []capturedRow
+	for start := 0; err == nil && start < rows.n; start += eventChunk {
+		end := min(start+eventChunk, rows.n)
+		chunk := rows.list
+		if chunk != nil {
+			chunk = chunk[start:end]
+		} else {
+			buf = buf[:0]
+			for i := start; i < end; i++ {
+				buf = append(buf, rows.make(i))
+			}
+			chunk = buf
+		}
+		var events []pendingEvent
+		if events, err = b.build(chunk); err == nil && len(events) > 0 {
+			err = p.insertEvents(db, db.Statement.ConnPool, events, origin)
+		}
+	}
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("outboxplugin: %s: %w", origin, err)
 	}
+	return nil
+}
 
-	customize := p.customizes(s.ModelType)
-	createdAt := now()
-	keyNames := fieldNames(st.fields)
+// eventBuilder makes the events of one statement's rows: what they share (creation time, headers)
+// is worked out once.
+type eventBuilder struct {
+	p         *Plugin
+	db        *gorm.DB
+	st        *statementState
+	headerMap map[string]string
+	headers   *string
+	customize bool
+	createdAt time.Time
+	keyNames  []string
+}
 
+func (p *Plugin) newEventBuilder(db *gorm.DB, st *statementState) (*eventBuilder, error) {
+	b := &eventBuilder{p: p, db: db, st: st, customize: p.customizes(st.schema.ModelType), createdAt: now(),
+		keyNames: fieldNames(st.fields)}
+	if p.cfg.headers != nil {
+		b.headerMap = p.cfg.headers(db.Statement.Context)
+	}
+	var err error
+	b.headers, err = encodeHeaders(b.headerMap)
+	return b, err
+}
+
+func (b *eventBuilder) build(rows []capturedRow) ([]pendingEvent, error) {
+	p, db, st, s := b.p, b.db, b.st, b.st.schema
+	ctx := db.Statement.Context
 	events := make([]pendingEvent, 0, len(rows))
 	for i := range rows {
 		row := &rows[i]
-		payload, err := p.defaultPayload(ctx, st, keyNames, row)
+		payload, err := p.defaultPayload(ctx, st, b.keyNames, row)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrEncodePayload, err)
 		}
@@ -91,16 +133,16 @@ func (p *Plugin) buildEvents(db *gorm.DB, st *statementState, rows []capturedRow
 			aggregateType: s.Name,
 			aggregateID:   aggID,
 			payload:       payload,
-			headers:       headers,
-			createdAt:     createdAt,
+			headers:       b.headers,
+			createdAt:     b.createdAt,
 		}
-		if p.cfg.eventType != nil || customize {
-			cs := p.changeset(db, st, keyNames, row)
+		if p.cfg.eventType != nil || b.customize {
+			cs := p.changeset(db, st, b.keyNames, row)
 			if p.cfg.eventType != nil {
 				ev.eventType = p.cfg.eventType(cs)
 			}
-			if customize {
-				skip, err := p.customize(s, row, &cs, &ev, headerMap)
+			if b.customize {
+				skip, err := p.customize(s, row, &cs, &ev, b.headerMap)
 				if err != nil {
 					return nil, err
 				}

@@ -69,7 +69,7 @@ func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingE
 		return t.hold(p, db, events, origin)
 	}
 	if t != nil {
-		if err := t.rolledBackErr(); err != nil {
+		if err := t.closedErr(); err != nil {
 			return err
 		}
 		t.dirty.Store(true)

@@ -123,21 +123,38 @@ type readRow struct {
 
 // query runs sel on pool and reads each row into a model value (fields) and raw extras.
 func query(db *gorm.DB, pool gorm.ConnPool, sel *gorm.Statement, s *schema.Schema, fields []*schema.Field, extras int) ([]readRow, error) {
+	var out []readRow
+	err := queryEach(db, pool, sel, s, fields, extras, func(r readRow) error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// queryEach runs sel on pool and hands each row, read into a model value (fields) and raw extras, to
+// each as it is read: a caller that keeps only part of a row does not hold every row at once.
+func queryEach(db *gorm.DB, pool gorm.ConnPool, sel *gorm.Statement, s *schema.Schema, fields []*schema.Field, extras int, each func(readRow) error) error {
 	ctx := sel.Context
 	q := sel.SQL.String()
 	start := time.Now()
+	n := 0
 	rows, err := pool.QueryContext(ctx, q, sel.Vars...)
-	var out []readRow
 	if err == nil {
-		out, err = readRows(ctx, rows, s, fields, extras)
+		err = readRows(ctx, rows, s, fields, extras, func(r readRow) error {
+			n++
+			return each(r)
+		})
 	}
 	db.Logger.Trace(ctx, start, func() (string, int64) {
-		return db.Dialector.Explain(q, sel.Vars...), int64(len(out))
+		return db.Dialector.Explain(q, sel.Vars...), int64(n)
 	}, err)
-	return out, err
+	return err
 }
 
-func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*schema.Field, extras int) (out []readRow, err error) {
+func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*schema.Field, extras int, each func(readRow) error) (err error) {
 	defer func() { err = errors.Join(err, rows.Close()) }()
 	for rows.Next() {
 		extra := make([]any, extras)
@@ -147,12 +164,14 @@ func readRows(ctx context.Context, rows *sql.Rows, s *schema.Schema, fields []*s
 		}
 		r, err := scanModelRow(ctx, rows, s, fields, nil, dests)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		r.extra = extra
-		out = append(out, r)
+		if err := each(r); err != nil {
+			return err
+		}
 	}
-	return out, rows.Err()
+	return rows.Err()
 }
 
 // readByKeys reads fields (then the raw columns extra) of the rows with the given keys; lock takes
@@ -192,7 +211,8 @@ func readWhere(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.S
 // readLocked reads the rows an UPDATE or DELETE is about to change, FOR UPDATE: the write's own
 // table expression and the tables it joins (UPDATE … FROM), WHERE and, where the write has them,
 // ORDER BY and LIMIT (MySQL applies them to writes). built names the clauses the write was built from.
-func readLocked(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, fields []*schema.Field, extra []string, built []string) ([]readRow, error) {
+// Each row is handed to each as it is read.
+func readLocked(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.Schema, fields []*schema.Field, extra []string, built []string, each func(readRow) error) error {
 	sel := readStmt(db, src, s)
 	sel.AddClause(clause.Select{Columns: append(columnsOf(fields), rawColumns(extra)...)})
 	sel.AddClause(joinedFrom(src, built))
@@ -205,7 +225,7 @@ func readLocked(db *gorm.DB, pool gorm.ConnPool, src *gorm.Statement, s *schema.
 	}
 	sel.AddClause(clause.Locking{Strength: clause.LockingStrengthUpdate})
 	sel.Build(append(names, "FOR")...)
-	return query(db, pool, sel, s, fields, len(extra))
+	return queryEach(db, pool, sel, s, fields, len(extra), each)
 }
 
 // joinedFrom is the FROM of a SELECT over the rows a write changes: the write's table, and the tables

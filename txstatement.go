@@ -43,8 +43,10 @@ const (
 type txStatement struct {
 	kind txStatementKind
 	// savepoint is the name as the database compares it: unquoted names folded to lower case, quoted
-	// ones kept as written on PostgreSQL (see savepointName).
+	// ones kept as written on PostgreSQL (see sqlScanner.name).
 	savepoint string
+	// chain: a COMMIT or ROLLBACK AND CHAIN, which begins a new transaction at once.
+	chain bool
 }
 
 // implicitCommitWords are the first words of statements that MySQL and MariaDB commit the open
@@ -79,14 +81,15 @@ func parseTxStatement(query string, pg bool) txStatement {
 			s.optional("SAVEPOINT")
 			return txStatement{kind: txRollbackTo, savepoint: s.name(pg)}
 		}
-		return txStatement{kind: txRollback}
-	case "COMMIT":
+		return txStatement{kind: txRollback, chain: s.andChain()}
+	case "COMMIT", "END":
 		if s.optional("PREPARED") {
 			return txStatement{}
 		}
-		return txStatement{kind: txCommit}
-	case "END":
-		return txStatement{kind: txCommit}
+		if !s.optional("WORK") {
+			s.optional("TRANSACTION")
+		}
+		return txStatement{kind: txCommit, chain: s.andChain()}
 	case "PREPARE":
 		if s.optional("TRANSACTION") {
 			return txStatement{kind: txCommit}
@@ -158,6 +161,14 @@ func (s *sqlScanner) optional(kw string) bool {
 	}
 	s.pos = save
 	return false
+}
+
+// andChain reads AND CHAIN (not AND NO CHAIN) and reports whether it was there.
+func (s *sqlScanner) andChain() bool {
+	if !s.optional("AND") {
+		return false
+	}
+	return s.optional("CHAIN")
 }
 
 // name reads an identifier: a quoted one ("…", `…`, […]) or a bare word. Bare names are folded to

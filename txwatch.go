@@ -334,12 +334,18 @@ type watchedTx struct {
 	// savepoints are the savepoints set in the transaction and not yet released or rolled past,
 	// oldest first, named as the database compares them.
 	savepoints []string
-	// failed: held events could not be written, or a rollback went to a savepoint the plugin did not
-	// see set while events were held. The transaction cannot commit.
-	failed error
+	// failed: held events could not be written, a statement's events could not be made, or a
+	// rollback went to a savepoint the plugin did not see set while events were held. The
+	// transaction cannot commit, unless it rolls back to a savepoint set before the failure
+	// (failedDepth is how many savepoints were set then): that undoes the rows without events.
+	failed      error
+	failedDepth int
 	// rolledBack: the database rolled the whole transaction back (a MySQL deadlock). Nothing may be
 	// written in it any more: later statements would each commit on their own.
 	rolledBack error
+	// ended: the application ended the transaction with a COMMIT or ROLLBACK statement of its own.
+	// Later writes would each commit on their own, apart from their events: they are refused.
+	ended error
 }
 
 // hold keeps events of the statement db, described by origin, until the transaction writes them. It
@@ -347,8 +353,7 @@ type watchedTx struct {
 // size holds at most that many.
 func (t *watchedTx) hold(p *Plugin, db *gorm.DB, events []pendingEvent, origin string) error {
 	t.mu.Lock()
-	if t.rolledBack != nil {
-		err := t.rolledBack
+	if err := t.closedLocked(); err != nil {
 		t.mu.Unlock()
 		return err
 	}
@@ -425,14 +430,22 @@ func (t *watchedTx) flush(all bool) error {
 		// Some databases let the transaction go on after a failed statement, and GORM's SavePoint
 		// does not return the error of its Exec: the commit must fail, or the rows of these events
 		// would commit without them.
-		t.mu.Lock()
-		if t.failed == nil {
-			t.failed = err
-		}
-		t.mu.Unlock()
+		t.fail(err)
 		return err
 	}
 	return nil
+}
+
+// fail makes the transaction unable to commit: rows of its statements are written without their
+// events. All events held come from statements after the latest savepoint, and so does a failed
+// statement: a rollback to that savepoint or an earlier one undoes them, and lets the transaction
+// commit again, as it would without the plugin.
+func (t *watchedTx) fail(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.failed == nil {
+		t.failed, t.failedDepth = err, len(t.savepoints)
+	}
 }
 
 // txContext is the context held events are written with: the deadline and cancellation of the
@@ -627,28 +640,41 @@ func (t *watchedTx) after(s txStatement) {
 			// MySQL and MariaDB replace a savepoint of the same name; the others stack it.
 			if i := t.savepointIndex(s.savepoint); i >= 0 {
 				t.savepoints = append(t.savepoints[:i], t.savepoints[i+1:]...)
+				if t.failed != nil && i < t.failedDepth {
+					t.failedDepth--
+				}
 			}
 		}
 		t.savepoints = append(t.savepoints, s.savepoint)
 	case txRelease:
 		if i := t.savepointIndex(s.savepoint); i >= 0 {
 			t.savepoints = t.savepoints[:i] // released with every later one
+			t.failedDepth = min(t.failedDepth, i)
 		}
 	case txRollbackTo:
 		i := t.savepointIndex(s.savepoint)
-		if i < 0 && len(t.held) > 0 && t.failed == nil {
+		if i >= 0 {
+			if t.failed != nil && i < t.failedDepth {
+				t.failed = nil // the rollback undoes what failed
+			}
+			t.savepoints = t.savepoints[:i+1] // later ones are gone; this one stays
+		} else if len(t.held) > 0 && t.failed == nil {
 			t.failed = fmt.Errorf("outboxplugin: %w: ROLLBACK TO SAVEPOINT %s while events of %s were held; set savepoints through GORM (Exec, SavePoint, Transaction) or the transaction's connection",
 				ErrUnknownSavepoint, s.savepoint, describeOrigins(t.origins))
-		}
-		if i >= 0 {
-			t.savepoints = t.savepoints[:i+1] // later ones are gone; this one stays
+			t.failedDepth = 0
 		}
 		t.dropLocked()
 	case txRollback:
 		t.dropLocked()
-		t.savepoints = nil
+		t.savepoints, t.failed = nil, nil
+		if !s.chain {
+			t.ended = fmt.Errorf("outboxplugin: %w by a ROLLBACK statement: a write after it would commit on its own, without its event in the same transaction", ErrTransactionEnded)
+		}
 	case txCommit:
 		t.savepoints = nil
+		if !s.chain {
+			t.ended = fmt.Errorf("outboxplugin: %w by a COMMIT statement: a write after it would commit on its own, without its event in the same transaction", ErrTransactionEnded)
+		}
 	}
 }
 
@@ -697,6 +723,21 @@ func (t *watchedTx) rolledBackErr() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.rolledBack
+}
+
+// closedErr is the error of a transaction no write may join any more — rolled back whole by the
+// database, or ended by a COMMIT or ROLLBACK statement of the application's — or nil.
+func (t *watchedTx) closedErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closedLocked()
+}
+
+func (t *watchedTx) closedLocked() error {
+	if t.rolledBack != nil {
+		return t.rolledBack
+	}
+	return t.ended
 }
 
 // GetDBConn keeps db.DB() working inside a transaction.

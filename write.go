@@ -70,6 +70,13 @@ type write struct {
 	many     bool            // mysqlUpsert with several rows
 	viaQuery bool            // GORM ran the write as a query (RETURNING) and scanned its rows
 
+	// compact: the rows of an update or delete in key payloads are known by their keys alone, held
+	// in keys (and a locked read's values of the assigned columns in extras) instead of returned and
+	// pre (rowstore.go).
+	compact bool
+	keys    keyList
+	extras  valueList
+
 	// The write.
 	returned    []returnedRow
 	affected    int64
@@ -326,6 +333,10 @@ func (w *write) run(ctx context.Context, query string, args []any, isQuery bool)
 			w.strategy = lockedWrite
 		}
 	}
+	// The key is all an update or delete's event needs of a row in key payloads (a customizer gets
+	// the model value GORM holds, found by key).
+	w.compact = w.ins == nil && !w.stored && w.st.hasPK
+	w.keys.n = len(w.st.fields)
 	var (
 		res  sql.Result
 		rows *sql.Rows
@@ -441,6 +452,9 @@ func (w *write) runReturning(ctx context.Context, query string, args []any, isQu
 		return nil, nil, err
 	}
 	written := int64(len(w.returned)) // the rows REPLACE deleted, added below, are not counted by SQLite
+	if w.compact {
+		written = int64(w.keys.len())
+	}
 	if err := w.classifyReturned(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -501,7 +515,12 @@ func (w *write) readReturned(rows *sql.Rows, fields []*schema.Field, flags int, 
 		if err != nil {
 			return nil, err
 		}
-		w.returned = append(w.returned, r)
+		if w.compact {
+			key, _ := w.key(r.readRow)
+			w.keys.add(key)
+		} else {
+			w.returned = append(w.returned, r)
+		}
 		buf.values = append(buf.values, values)
 	}
 	return buf, rows.Err()
@@ -836,12 +855,21 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	if w.stored && w.st.op == ChangesetDelete && !w.soft {
 		fields = modelColumns(w.st.schema) // the row as it was, before it is gone
 	}
-	pre, err := readLocked(db, w.ConnPool, stmt, w.st.schema, fields, w.compareColumns(), built)
+	err := readLocked(db, w.ConnPool, stmt, w.st.schema, fields, w.compareColumns(), built, func(r readRow) error {
+		if w.compact {
+			key, _ := w.key(r)
+			w.keys.add(key)
+			w.extras.add(r.extra)
+		} else {
+			w.pre = append(w.pre, r)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("outboxplugin: read the rows to %s: %w", stmtVerb(w), err)
 	}
-	w.pre = pre
-	if len(pre) == 0 {
+	locked := w.lockedCount()
+	if locked == 0 {
 		return writeResult{}, nil
 	}
 	if !w.st.hasPK {
@@ -855,10 +883,6 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 		w.hasAffected = true
 		return res, nil
 	}
-	keys := make([][]any, len(pre))
-	for i, r := range pre {
-		keys[i], _ = w.key(r)
-	}
 	// A write that joins other tables keeps its WHERE, which may tie the tables together.
 	var where []clause.Expression
 	joined := joins(stmt, built)
@@ -871,8 +895,8 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	}
 	var total int64
 	var last sql.Result
-	for start := 0; start < len(keys); start += maxKeysPerRead {
-		part := keys[start:min(start+maxKeysPerRead, len(keys))]
+	for start := 0; start < locked; start += maxKeysPerRead {
+		part := w.lockedKeys(start, min(start+maxKeysPerRead, locked))
 		wr := readStmt(db, stmt, stmt.Schema)
 		wr.Clauses["WHERE"] = clause.Clause{Name: "WHERE", Expression: clause.Where{Exprs: append([]clause.Expression{keyInLiteral(w.st.fields, part)}, where...)}}
 		if w.st.op == ChangesetUpdate || w.soft {
@@ -908,6 +932,27 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 	r := writeResult{rows: total}
 	r.lastID, r.lastIDErr = last.LastInsertId()
 	return r, nil
+}
+
+// lockedCount is the number of rows a locked write locked.
+func (w *write) lockedCount() int {
+	if w.compact {
+		return w.keys.len()
+	}
+	return len(w.pre)
+}
+
+// lockedKeys are the keys of the locked rows start to end.
+func (w *write) lockedKeys(start, end int) [][]any {
+	if w.compact {
+		return w.keys.chunk(start, end)
+	}
+	keys := make([][]any, 0, end-start)
+	for _, r := range w.pre[start:end] {
+		k, _ := w.key(r)
+		keys = append(keys, k)
+	}
+	return keys
 }
 
 func clauseOr(stmt *gorm.Statement, name string, def clause.Expression) clause.Clause {
