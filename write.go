@@ -336,7 +336,9 @@ func (w *write) run(ctx context.Context, query string, args []any, isQuery bool)
 	// The key is all an update or delete's event needs of a row in key payloads (a customizer gets
 	// the model value GORM holds, found by key).
 	w.compact = w.ins == nil && !w.stored && w.st.hasPK
-	w.keys.n = len(w.st.fields)
+	if w.compact {
+		w.keys = newKeyList(w.st.fields)
+	}
 	var (
 		res  sql.Result
 		rows *sql.Rows
@@ -521,7 +523,9 @@ func (w *write) readReturned(rows *sql.Rows, fields []*schema.Field, flags int, 
 		} else {
 			w.returned = append(w.returned, r)
 		}
-		buf.values = append(buf.values, values)
+		if n > 0 {
+			buf.values = append(buf.values, values)
+		}
 	}
 	return buf, rows.Err()
 }
