@@ -12,11 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outboxplugin"
 )
@@ -140,21 +136,7 @@ func openRecordingBeside(t *testing.T, d dialect) (*gorm.DB, *gorm.DB, *ddlLog) 
 	require.NoError(t, err)
 	log := &ddlLog{}
 	pool := recordingPool{db: sqlDB, log: log}
-	var dialector gorm.Dialector
-	switch d.name {
-	case "sqlite":
-		dialector = &sqlite.Dialector{Conn: pool}
-	case "postgres":
-		dialector = postgres.New(postgres.Config{Conn: pool})
-	case "mysql":
-		dialector = mysql.New(mysql.Config{Conn: pool})
-	case "mysql_noreturning":
-		dialector = mysql.New(mysql.Config{Conn: pool, DisableWithReturning: true})
-	default:
-		t.Fatalf("no recording dialector for %s", d.name)
-	}
-	db, err := gorm.Open(dialector, &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
+	db := openOverPool(t, d, pool)
 	log.reset()
 	return db, base, log
 }
