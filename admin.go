@@ -16,7 +16,7 @@ import (
 )
 
 // Admin looks at an outbox table and repairs it: counts per state, lists and single events, requeue
-// and discard of failed events, cleanup. It needs no broker and no Publisher, so a CLI, a console or
+// and discard of failed events, delivery of scheduled events ahead of their time, cleanup. It needs no broker and no Publisher, so a CLI, a console or
 // an application's own admin endpoint can use it beside (or without) a running Worker.
 //
 // Every query reads one of the table's indexes, so that it stays fast with millions of processed
@@ -92,25 +92,31 @@ func NewAdmin(db *gorm.DB, opts ...AdminOption) (*Admin, error) {
 	return &Admin{q: q, dialect: db.Dialector.Name(), table: cfg.table, db: db}, nil
 }
 
-// EventState is where an event is in its life. The states are disjoint; StatePending names the first
-// three together in a filter.
+// EventState is where an event is in its life. The states are disjoint; StatePending names due,
+// leased and waiting together in a filter.
 type EventState string
 
 const (
-	// StateDue: to be delivered, and claimable now (new, or a retry whose time has come).
+	// StateDue: to be delivered, and claimable now (new, a delayed event whose time has come, or a
+	// retry whose time has come).
 	StateDue EventState = "due"
 	// StateLeased: claimed by a worker whose lease has not run out: being published.
 	StateLeased EventState = "leased"
-	// StateWaiting: failed, and waiting for its next attempt.
+	// StateWaiting: failed, and waiting for its next attempt (NextAttemptAt): attempts > 0 (or a
+	// failure recorded) and next_attempt_at in the future.
 	StateWaiting EventState = "waiting"
+	// StateScheduled: a delayed event (DeliverAfter, DeliverAt, Event.DeliverAt) whose time has not
+	// come: never attempted (attempts = 0, no last error) and next_attempt_at in the future. Requeue
+	// never moves it; DeliverNow makes it due ahead of its time.
+	StateScheduled EventState = "scheduled"
 	// StateDead: given up on after its last attempt (or refused as undeliverable); kept until it is
 	// requeued or discarded.
 	StateDead EventState = "dead"
 	// StateProcessed: published and marked done; kept until cleanup.
 	StateProcessed EventState = "processed"
 
-	// StatePending is a filter, not a state: due, leased and waiting, every event still to be
-	// delivered.
+	// StatePending is a filter, not a state: due, leased and waiting, the backlog the workers have to
+	// work through. Scheduled events are not in it: they are not late until their time comes.
 	StatePending EventState = "pending"
 )
 
@@ -120,29 +126,33 @@ func ParseEventState(s string) (EventState, error) {
 	switch st := EventState(strings.ToLower(strings.TrimSpace(s))); st {
 	case "", "all":
 		return "", nil
-	case StateDue, StateLeased, StateWaiting, StateDead, StateProcessed, StatePending:
+	case StateDue, StateLeased, StateWaiting, StateScheduled, StateDead, StateProcessed, StatePending:
 		return st, nil
 	}
-	return "", fmt.Errorf("%w: state %q: want due, leased, waiting, dead, processed, pending or all", ErrInvalidFilter, s)
+	return "", fmt.Errorf("%w: state %q: want due, leased, waiting, scheduled, dead, processed, pending or all", ErrInvalidFilter, s)
 }
 
 // Stats are an outbox table's counts, as of At.
 type Stats struct {
 	At time.Time
-	// Pending is every event still to be delivered: Due + Leased + Waiting.
+	// Pending is the backlog: Due + Leased + Waiting.
 	Pending, Due, Leased, Waiting int64
-	Dead                          int64
+	// Scheduled is the delayed events whose time has not come (not in Pending).
+	Scheduled int64
+	Dead      int64
 	// Processed is the number of processed rows kept. Exact up to ExactProcessedLimit; above it,
 	// the database's estimate (PostgreSQL: the processed index's row count as of its last VACUUM or
 	// ANALYZE; MySQL/MariaDB: InnoDB's estimate of the table's rows less the other states), and
 	// ProcessedApproximate is true. SQLite counts exactly.
 	Processed            int64
 	ProcessedApproximate bool
-	// OldestPending is the creation time of the oldest event still to be delivered (zero when there
-	// is none), and OldestPendingAge its age at At: how far behind the relay is.
+	// OldestPending is the creation time of the oldest pending event (zero when there is none), and
+	// OldestPendingAge its age at At: how far behind the relay is. Scheduled events do not count: a
+	// reminder written yesterday for tomorrow is not late.
 	OldestPending    time.Time
 	OldestPendingAge time.Duration
-	// ByType has the pending and dead counts of each event type that has any, by type name.
+	// ByType has the pending, scheduled and dead counts of each event type that has any, by type
+	// name.
 	ByType []TypeStats
 	// TableWarnings is what the table lacks that makes the relay or the Admin slower than on a
 	// table made by AutoMigrate (see CheckTable): empty when the table is as AutoMigrate makes it,
@@ -154,6 +164,7 @@ type Stats struct {
 type TypeStats struct {
 	EventType string
 	Pending   int64
+	Scheduled int64
 	Dead      int64
 }
 
@@ -161,8 +172,9 @@ type TypeStats struct {
 // estimate instead: counting 10 million index entries takes seconds, an estimate a millisecond.
 const ExactProcessedLimit = 10000
 
-// Stats counts the table's events by state and by type. The pending and dead counts are exact (they
-// read the claim and dead indexes, whose size is the backlog); the processed count is exact up to
+// Stats counts the table's events by state and by type. The pending, scheduled and dead counts are
+// exact (they read the claim and dead indexes, whose size is the backlog and the delayed events); the
+// processed count is exact up to
 // ExactProcessedLimit and an estimate above (see Stats.Processed). It also checks the table as
 // CheckTable does (catalog reads only), into Stats.TableWarnings.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
@@ -179,28 +191,31 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 		}
 		return t
 	}
-	// The claim index (partial on PostgreSQL and SQLite): the events still to be delivered.
-	leased := `c.locked_until IS NOT NULL AND c.locked_until >= ?`
-	waiting := `c.next_attempt_at > ? AND NOT (` + leased + `)`
-	query := `SELECT c.event_type, COUNT(*), SUM(CASE WHEN ` + leased + ` THEN 1 ELSE 0 END), ` +
-		`SUM(CASE WHEN ` + waiting + ` THEN 1 ELSE 0 END), MIN(c.created_at) FROM ` + a.q.table + ` c ` +
+	// The claim index (partial on PostgreSQL and SQLite): the events still to be delivered. The
+	// leased, waiting and scheduled ones are told apart by columns of the row (lease, attempts, last
+	// error), which the count reads anyway.
+	query := `SELECT c.event_type, COUNT(*), SUM(CASE WHEN ` + leasedCond + ` THEN 1 ELSE 0 END), ` +
+		`SUM(CASE WHEN ` + waitingCond + ` THEN 1 ELSE 0 END), SUM(CASE WHEN ` + scheduledCond + ` THEN 1 ELSE 0 END), ` +
+		`MIN(CASE WHEN ` + scheduledCond + ` THEN NULL ELSE c.created_at END) FROM ` + a.q.table + ` c ` +
 		`WHERE ` + liveGroup + ` GROUP BY c.event_type`
-	rows, err := a.query(ctx, query, st.At, st.At, st.At)
+	rows, err := a.query(ctx, query, st.At, st.At, st.At, st.At, st.At, st.At, st.At)
 	if err != nil {
 		return fail(err)
 	}
 	for rows.Next() {
 		var (
-			name                 string
-			n, nLeased, nWaiting sql.NullInt64
-			oldest               any
+			name                             string
+			n, nLeased, nWaiting, nScheduled sql.NullInt64
+			oldest                           any
 		)
-		if err := rows.Scan(&name, &n, &nLeased, &nWaiting, &oldest); err != nil {
+		if err := rows.Scan(&name, &n, &nLeased, &nWaiting, &nScheduled, &oldest); err != nil {
 			rows.Close()
 			return fail(err)
 		}
-		typeOf(name).Pending = n.Int64
-		st.Pending += n.Int64
+		t := typeOf(name)
+		t.Pending, t.Scheduled = n.Int64-nScheduled.Int64, nScheduled.Int64
+		st.Pending += t.Pending
+		st.Scheduled += t.Scheduled
 		st.Leased += nLeased.Int64
 		st.Waiting += nWaiting.Int64
 		if oldest != nil {
@@ -247,7 +262,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	}
 	slices.SortFunc(st.ByType, func(x, y TypeStats) int { return strings.Compare(x.EventType, y.EventType) })
 
-	if st.Processed, st.ProcessedApproximate, err = a.countProcessed(ctx, st.Pending+st.Dead); err != nil {
+	if st.Processed, st.ProcessedApproximate, err = a.countProcessed(ctx, st.Pending+st.Scheduled+st.Dead); err != nil {
 		return fail(err)
 	}
 	if st.TableWarnings, err = checkTable(a.db.WithContext(ctx), a.table); err != nil {
@@ -261,6 +276,29 @@ const (
 	liveGroup      = `c.processed = false AND c.dead_at IS NULL`
 	deadGroup      = `c.processed = false AND c.dead_at IS NOT NULL`
 	processedGroup = `c.processed = true`
+)
+
+// The states of the live group (liveGroup) as conditions on a row c, each taking the time of the
+// reading as its bind variables (one per ?). Every one is written so that it is true or false, never
+// NULL, on any row of the group: next_attempt_at and locked_until are NULL on most rows, and a
+// negation of a NULL would drop them. A row is leased first; unleased, it is scheduled when it was
+// never attempted and its time has not come, waiting when it failed and its retry time has not come,
+// due otherwise (dueCond, which is also pendingCond less the leased rows).
+//
+// Why "never attempted" is attempts = 0 AND last_error IS NULL: a delayed event is written with its
+// time and attempts = 0, like a retry not due yet; a claim counts an attempt, and every failure
+// that sets a retry time leaves it counted and records its error. A requeue resets attempts but
+// keeps the error, and clears the time. So the two columns together tell a delayed event from a
+// failed one, also for a failure whose attempt would be given back.
+const (
+	leasedCond    = `(c.locked_until IS NOT NULL AND c.locked_until >= ?)`
+	notLeasedCond = `(c.locked_until IS NULL OR c.locked_until < ?)`
+	neverTried    = `c.attempts = 0 AND c.last_error IS NULL`
+	scheduledCond = `(c.next_attempt_at IS NOT NULL AND c.next_attempt_at > ? AND ` + neverTried + ` AND ` + notLeasedCond + `)`
+	waitingCond   = `(c.next_attempt_at IS NOT NULL AND c.next_attempt_at > ? AND NOT (` + neverTried + `) AND ` + notLeasedCond + `)`
+	dueCond       = `((c.next_attempt_at IS NULL OR c.next_attempt_at <= ?) AND ` + notLeasedCond + `)`
+	// pendingCond is due, leased or waiting: every live row that is not scheduled.
+	pendingCond = `(c.next_attempt_at IS NULL OR c.next_attempt_at <= ? OR NOT (` + neverTried + `) OR ` + leasedCond + `)`
 )
 
 // countProcessed counts the processed rows exactly up to ExactProcessedLimit (the processed index,
@@ -366,7 +404,7 @@ type EventInfo struct {
 	State         EventState
 	// Attempts is how many deliveries were started (claims), including one in flight.
 	Attempts int
-	// NextAttemptAt is when a waiting event will be retried.
+	// NextAttemptAt is when a waiting event will be retried, or a scheduled event delivered.
 	NextAttemptAt *time.Time
 	// LastError is the error of the latest failed delivery, or "".
 	LastError   string
@@ -492,11 +530,15 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		add(g)
 		switch state {
 		case StateLeased:
-			add(`c.locked_until IS NOT NULL AND c.locked_until >= ?`, at)
+			add(leasedCond, at)
 		case StateWaiting:
-			add(`c.next_attempt_at > ? AND (c.locked_until IS NULL OR c.locked_until < ?)`, at, at)
+			add(waitingCond, at, at)
+		case StateScheduled:
+			add(scheduledCond, at, at)
 		case StateDue:
-			add(`(c.next_attempt_at IS NULL OR c.next_attempt_at <= ?) AND (c.locked_until IS NULL OR c.locked_until < ?)`, at, at)
+			add(dueCond, at, at)
+		case StatePending:
+			add(pendingCond, at, at)
 		}
 		if f.EventType != "" {
 			filter(`c.event_type = ?`, f.EventType)
@@ -721,14 +763,15 @@ func (a *Admin) scanEvents(ctx context.Context, at time.Time, query string, args
 			*t.dst = &v
 		}
 		e.LastError, e.LockedBy = lastError.String, lockedBy.String
-		e.State = eventStateAt(processed, e, at)
+		e.State = eventStateAt(processed, e, lastError.Valid, at)
 		out = append(out, e)
 	}
 	return out, rows.Err()
 }
 
-// eventStateAt is the state of an event read at at.
-func eventStateAt(processed bool, e EventInfo, at time.Time) EventState {
+// eventStateAt is the state of an event read at at, as the conditions of the live group (leasedCond,
+// scheduledCond, waitingCond, dueCond) tell it; failed is true when its last_error is not NULL.
+func eventStateAt(processed bool, e EventInfo, failed bool, at time.Time) EventState {
 	switch {
 	case processed:
 		return StateProcessed
@@ -736,6 +779,8 @@ func eventStateAt(processed bool, e EventInfo, at time.Time) EventState {
 		return StateDead
 	case e.LockedUntil != nil && !e.LockedUntil.Before(at):
 		return StateLeased
+	case e.NextAttemptAt != nil && e.NextAttemptAt.After(at) && e.Attempts == 0 && !failed:
+		return StateScheduled
 	case e.NextAttemptAt != nil && e.NextAttemptAt.After(at):
 		return StateWaiting
 	}
@@ -770,8 +815,9 @@ func parseCursor(s string) (pageCursor, error) {
 }
 
 // Requeue makes the failed events with these message ids — dead, or waiting for a retry — due now,
-// with their attempts reset (their last error stays, until a delivery succeeds or fails anew), and returns how many it requeued. Events being delivered
-// or already processed are left alone.
+// with their attempts reset (their last error stays, until a delivery succeeds or fails anew), and
+// returns how many it requeued. Events of any other state are left alone: being delivered, already
+// processed, and scheduled (a delayed event keeps its time: DeliverNow is the action that moves it).
 func (a *Admin) Requeue(ctx context.Context, messageIDs ...string) (int64, error) {
 	n, err := a.byMessageIDs(ctx, messageIDs, a.requeueIDs)
 	if err != nil {
@@ -781,11 +827,34 @@ func (a *Admin) Requeue(ctx context.Context, messageIDs ...string) (int64, error
 }
 
 // RequeueWhere requeues, as Requeue does, every failed event f selects; f.State must be StateDead,
-// StateWaiting or "" (both). It works in chunks of 1000 events, each its own statement.
+// StateWaiting or "" (both). It never selects a scheduled event. It works in chunks of 1000 events,
+// each its own statement.
 func (a *Admin) RequeueWhere(ctx context.Context, f EventFilter) (int64, error) {
 	n, err := a.where(ctx, f, []EventState{StateDead, StateWaiting}, a.requeueIDs)
 	if err != nil {
 		return n, fmt.Errorf("outboxplugin: RequeueWhere: %w", err)
+	}
+	return n, nil
+}
+
+// DeliverNow makes the scheduled events with these message ids due now, ahead of the time they were
+// written with (their next_attempt_at is cleared, as if they had been written without a delay), and
+// returns how many it moved. Events of any other state are left alone: a failed one is requeued with
+// Requeue, not by this.
+func (a *Admin) DeliverNow(ctx context.Context, messageIDs ...string) (int64, error) {
+	n, err := a.byMessageIDs(ctx, messageIDs, a.deliverNowIDs)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: DeliverNow: %w", err)
+	}
+	return n, nil
+}
+
+// DeliverNowWhere makes every scheduled event f selects due now, as DeliverNow does; f.State must be
+// StateScheduled or "". It works in chunks of 1000 events, each its own statement.
+func (a *Admin) DeliverNowWhere(ctx context.Context, f EventFilter) (int64, error) {
+	n, err := a.where(ctx, f, []EventState{StateScheduled}, a.deliverNowIDs)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: DeliverNowWhere: %w", err)
 	}
 	return n, nil
 }
@@ -910,12 +979,22 @@ func (a *Admin) where(ctx context.Context, f EventFilter, allowed []EventState, 
 const adminChunk = 1000
 
 // requeueIDs makes the dead or waiting rows among ids due now. The condition is checked again in the
-// UPDATE: a row a worker leased since it was read is not touched.
+// UPDATE: a row a worker leased since it was read is not touched, nor a scheduled one.
 func (a *Admin) requeueIDs(ctx context.Context, ids []int64) (int64, error) {
 	at := a.q.d.clock(now())
 	return a.q.exec(ctx, a.q.db, `UPDATE `+a.q.table+` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE `, nil, ids,
-		` AND processed = false AND (dead_at IS NOT NULL OR (next_attempt_at > ? AND (locked_until IS NULL OR locked_until < ?)))`, at, at)
+		` AND processed = false AND (dead_at IS NOT NULL OR `+bareCond(waitingCond)+`)`, at, at)
 }
+
+// deliverNowIDs makes the scheduled rows among ids due now, checked again in the UPDATE.
+func (a *Admin) deliverNowIDs(ctx context.Context, ids []int64) (int64, error) {
+	at := a.q.d.clock(now())
+	return a.q.exec(ctx, a.q.db, `UPDATE `+a.q.table+` SET next_attempt_at = NULL WHERE `, nil, ids,
+		` AND processed = false AND dead_at IS NULL AND `+bareCond(scheduledCond), at, at)
+}
+
+// bareCond is a condition on the row c written for an UPDATE of the table, which has no alias.
+func bareCond(cond string) string { return strings.ReplaceAll(cond, "c.", "") }
 
 // discardIDs deletes the dead rows among ids.
 func (a *Admin) discardIDs(ctx context.Context, ids []int64) (int64, error) {
