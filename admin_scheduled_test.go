@@ -2,6 +2,8 @@ package outboxplugin_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -217,3 +219,60 @@ func idsOf(evs []outboxplugin.OutboxEvent, i ...int) []int64 {
 	}
 	return out
 }
+
+// The worker's backlog measurement leaves scheduled events out of the backlog and of its oldest age,
+// and reports them apart to a ScheduledObserver.
+func TestBacklogLeavesOutScheduledEvents(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		f := newScheduledFixture(t, d)
+		var (
+			mu                 sync.Mutex
+			backlog, scheduled []int64
+			oldest             []time.Time
+		)
+		obs := &scheduledObserver{backlogObserver: backlogObserver{onBacklog: func(n int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			backlog = append(backlog, n)
+		}, onOldest: func(t time.Time) {
+			mu.Lock()
+			defer mu.Unlock()
+			oldest = append(oldest, t)
+		}}, onScheduled: func(n int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			scheduled = append(scheduled, n)
+		}}
+		// A broker that is down keeps the due event due (its attempt given back).
+		down := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
+			return fmt.Errorf("down: %w", outboxplugin.ErrBrokerUnavailable)
+		})
+		stop := runWorkers(t, 1, func() *outboxplugin.Worker {
+			return newWorker(t, f.db, down, outboxplugin.WithObserver(obs), outboxplugin.WithBacklogInterval(20*time.Millisecond),
+				outboxplugin.WithPollInterval(10*time.Millisecond))
+		})
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(scheduled) >= 2
+		}, 10*time.Second, 20*time.Millisecond)
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, backlog, len(scheduled), "Scheduled follows each Backlog")
+		require.Len(t, oldest, len(scheduled))
+		last := len(backlog) - 1
+		assert.EqualValues(t, 2, backlog[last], "the waiting retry and the due event; not the scheduled ones")
+		assert.EqualValues(t, 2, scheduled[last])
+		assert.WithinDuration(t, f.evs[2].CreatedAt, oldest[last], time.Millisecond, "the oldest pending event, not the reminder written an hour ago")
+	})
+}
+
+type scheduledObserver struct {
+	backlogObserver
+	onScheduled func(int64)
+}
+
+var _ outboxplugin.ScheduledObserver = (*scheduledObserver)(nil)
+
+func (o *scheduledObserver) Scheduled(_ context.Context, n int64) { o.onScheduled(n) }

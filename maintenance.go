@@ -43,10 +43,13 @@ func (w *Worker) maintain(ctx context.Context) {
 		now = time.Now()
 		if backlog && !now.Before(nextBacklog) {
 			nextBacklog = now.Add(w.cfg.backlogEvery)
-			if pending, oldest, err := w.sql.backlog(ctx); err == nil {
-				w.cfg.observer.Backlog(ctx, pending)
+			if c, err := w.sql.backlog(ctx, now); err == nil {
+				w.cfg.observer.Backlog(ctx, c.pending)
 				if o, ok := w.cfg.observer.(BacklogAgeObserver); ok {
-					o.OldestPending(ctx, oldest)
+					o.OldestPending(ctx, c.oldest)
+				}
+				if o, ok := w.cfg.observer.(ScheduledObserver); ok {
+					o.Scheduled(ctx, c.scheduled)
 				}
 			}
 		}

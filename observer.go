@@ -13,18 +13,28 @@ type Observer interface {
 	BatchDone(ctx context.Context, r BatchResult)
 	// Dead is called once for each event that is given up on, with the error of its last delivery.
 	Dead(ctx context.Context, m Message, err error)
-	// Backlog reports the number of events waiting to be published (dead ones excluded), measured
-	// every backlog interval (WithBacklogInterval) while the worker runs.
+	// Backlog reports the number of pending events: to be published now or after a retry's pause
+	// (due, leased and waiting, as Admin.Stats counts them; dead and scheduled ones excluded),
+	// measured every backlog interval (WithBacklogInterval) while the worker runs.
 	Backlog(ctx context.Context, pending int64)
 }
 
 // BacklogAgeObserver is an Observer that is also told how old the backlog is. When the worker's
-// observer implements it, each backlog measurement reads, in the same query as the count, the
-// created_at of the oldest pending event (dead ones excluded), and calls OldestPending with it right
-// after Backlog: the zero time when nothing is pending.
+// observer implements it, each backlog measurement reads, with the count, the created_at of the
+// oldest pending event (dead and scheduled ones excluded: a delayed event is not late before its
+// time), and calls OldestPending with it right after Backlog: the zero time when nothing is pending.
 type BacklogAgeObserver interface {
 	Observer
 	OldestPending(ctx context.Context, createdAt time.Time)
+}
+
+// ScheduledObserver is an Observer that is also told how many delayed events wait for their time
+// (scheduled, as Admin.Stats counts them: never attempted, next_attempt_at in the future). When the
+// worker's observer implements it, Scheduled is called with each backlog measurement, after Backlog
+// (and OldestPending).
+type ScheduledObserver interface {
+	Observer
+	Scheduled(ctx context.Context, n int64)
 }
 
 // BatchResult is what happened to one batch.

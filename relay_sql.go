@@ -580,23 +580,58 @@ func (q *relaySQL) requeue(ctx context.Context, messageIDs []string) (int64, err
 	return res.RowsAffected()
 }
 
-// backlog counts pending events (dead ones excluded) and returns the created_at of the oldest, zero
-// when there is none. Both read the same rows: the claim index (processed, dead_at, next_attempt_at,
-// created_at, id) covers them, so the MIN costs the count's index-only scan nothing more.
-func (q *relaySQL) backlog(ctx context.Context) (int64, time.Time, error) {
+// backlogCounts is one backlog measurement: the pending events (due, leased, waiting for a retry),
+// the created_at of the oldest of them (zero when there is none), and the scheduled events.
+type backlogCounts struct {
+	pending, scheduled int64
+	oldest             time.Time
+}
+
+// backlog measures the backlog at the time at, in two reads of the claim index (processed, dead_at,
+// next_attempt_at, created_at, id). The rows whose time has come (next_attempt_at NULL or past: due
+// and leased) are counted from the index alone, with the MIN of created_at that it covers too. The
+// rows whose time has not come are scheduled (never attempted) or waiting (failed): only their own
+// rows tell which (attempts, last_error), so that second read fetches those rows, and no others.
+func (q *relaySQL) backlog(ctx context.Context, at time.Time) (backlogCounts, error) {
 	var (
-		n      int64
-		oldest any
+		c               backlogCounts
+		n, nFuture      int64
+		nScheduled      sql.NullInt64
+		oldest, oldest2 any
 	)
-	err := q.db.QueryRowContext(ctx, `SELECT COUNT(*), MIN(created_at) FROM `+q.table+` WHERE processed = false AND dead_at IS NULL`).Scan(&n, &oldest)
-	if err != nil || oldest == nil {
-		return n, time.Time{}, err
+	at = q.d.clock(at)
+	read := func(query string, dest ...any) error {
+		args := make([]any, strings.Count(query, "?")) // each the time of the measurement
+		for i := range args {
+			args[i] = at
+		}
+		query, args = q.d.literal(q.bind(query), args)
+		return q.db.QueryRowContext(ctx, query, args...).Scan(dest...)
 	}
-	t, err := asTime(oldest)
-	if err != nil {
-		return n, time.Time{}, fmt.Errorf("oldest created_at: %w", err)
+	if err := read(`SELECT COUNT(*), MIN(c.created_at) FROM `+q.table+` c WHERE `+liveGroup+
+		` AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= ?)`, &n, &oldest); err != nil {
+		return c, err
 	}
-	return n, t, nil
+	if err := read(`SELECT COUNT(*), SUM(CASE WHEN `+scheduledCond+` THEN 1 ELSE 0 END), `+
+		`MIN(CASE WHEN `+scheduledCond+` THEN NULL ELSE c.created_at END) FROM `+q.table+` c WHERE `+liveGroup+
+		` AND c.next_attempt_at > ?`, &nFuture, &nScheduled, &oldest2); err != nil {
+		return c, err
+	}
+	c.scheduled = nScheduled.Int64
+	c.pending = n + nFuture - c.scheduled
+	for _, v := range []any{oldest, oldest2} {
+		if v == nil {
+			continue
+		}
+		t, err := asTime(v)
+		if err != nil {
+			return c, fmt.Errorf("oldest created_at: %w", err)
+		}
+		if c.oldest.IsZero() || t.Before(c.oldest) {
+			c.oldest = t
+		}
+	}
+	return c, nil
 }
 
 // prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no

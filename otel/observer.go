@@ -12,7 +12,10 @@ import (
 	"github.com/gorm-outbox/outboxplugin"
 )
 
-var _ outboxplugin.BacklogAgeObserver = (*Observer)(nil)
+var (
+	_ outboxplugin.BacklogAgeObserver = (*Observer)(nil)
+	_ outboxplugin.ScheduledObserver  = (*Observer)(nil)
+)
 
 // Observer records the worker's metrics (README.md lists them with their units and attributes). Pass
 // it to outboxplugin.WithObserver. It is safe for concurrent use, and one Observer may serve several
@@ -34,6 +37,7 @@ type Observer struct {
 	batchSize   metric.Int64Histogram   // outbox.batch.size
 	backlog     metric.Int64Gauge       // outbox.backlog
 	oldestAge   metric.Float64Gauge     // outbox.backlog.oldest_age
+	scheduled   metric.Int64Gauge       // outbox.scheduled
 }
 
 // durationBuckets are the bucket boundaries the semantic conventions give for
@@ -123,12 +127,17 @@ func NewObserver(opts ...Option) (*Observer, error) {
 	})
 	create("outbox.backlog", func() (e error) {
 		o.backlog, e = m.Int64Gauge("outbox.backlog", metric.WithUnit("{event}"),
-			metric.WithDescription("Events waiting to be published (dead ones excluded), at the last backlog measurement."))
+			metric.WithDescription("Events to be published: due, leased, or waiting for a retry (dead and scheduled ones excluded), at the last backlog measurement."))
 		return
 	})
 	create("outbox.backlog.oldest_age", func() (e error) {
 		o.oldestAge, e = m.Float64Gauge("outbox.backlog.oldest_age", metric.WithUnit("s"),
-			metric.WithDescription("Age of the oldest event waiting to be published (0 when none is), at the last backlog measurement."))
+			metric.WithDescription("Age of the oldest event to be published (scheduled ones excluded; 0 when none is), at the last backlog measurement."))
+		return
+	})
+	create("outbox.scheduled", func() (e error) {
+		o.scheduled, e = m.Int64Gauge("outbox.scheduled", metric.WithUnit("{event}"),
+			metric.WithDescription("Delayed events whose time has not come (scheduled), at the last backlog measurement."))
 		return
 	})
 	if err != nil {
@@ -201,12 +210,18 @@ func (o *Observer) Dead(ctx context.Context, m outboxplugin.Message, _ error) {
 	o.dead.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(append(with(o.common), EventTypeKey.String(m.EventType))...)))
 }
 
-// Backlog records the number of events waiting to be published.
+// Backlog records the number of events to be published (dead and scheduled ones excluded).
 func (o *Observer) Backlog(ctx context.Context, pending int64) {
 	o.backlog.Record(ctx, pending, o.commonSet)
 }
 
-// OldestPending records the age of the oldest event waiting to be published: 0 when none is.
+// Scheduled records the number of delayed events whose time has not come.
+func (o *Observer) Scheduled(ctx context.Context, n int64) {
+	o.scheduled.Record(ctx, n, o.commonSet)
+}
+
+// OldestPending records the age of the oldest event to be published (scheduled ones excluded): 0
+// when none is.
 func (o *Observer) OldestPending(ctx context.Context, createdAt time.Time) {
 	age := 0.0
 	if !createdAt.IsZero() {

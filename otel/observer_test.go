@@ -271,3 +271,45 @@ func TestObserverBatchResult(t *testing.T) {
 	assert.True(t, ok)
 	assert.Zero(t, age)
 }
+
+// A delayed event whose time has not come is outbox.scheduled, not part of outbox.backlog, and its
+// age does not count in outbox.backlog.oldest_age: a reminder written an hour ago for tomorrow is not
+// late.
+func TestObserverScheduledEvents(t *testing.T) {
+	for _, d := range databases {
+		t.Run(d.name, func(t *testing.T) {
+			db := openDB(t, d)
+			require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+				return outboxplugin.Emit(tx, "Reminder", map[string]int{"id": 1}, outboxplugin.DeliverAfter(24*time.Hour))
+			}))
+			require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("event_type = ?", "Reminder").
+				Update("created_at", time.Now().UTC().Add(-time.Hour)).Error)
+			require.NoError(t, db.Create(&outboxplugin.OutboxEvent{EventType: "Now", Payload: outboxplugin.JSON(`{}`),
+				CreatedAt: time.Now().UTC().Add(-time.Minute)}).Error)
+
+			reader := sdkmetric.NewManualReader()
+			obs, err := outboxotel.NewObserver(outboxotel.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+			require.NoError(t, err)
+			away := outboxplugin.PublisherFunc(func(context.Context, []outboxplugin.Message) error {
+				return errors.New("connection refused")
+			})
+			stop := runWorker(t, db, away, outboxplugin.WithObserver(obs), outboxplugin.WithBacklogInterval(10*time.Millisecond))
+			var m metrics
+			require.Eventually(t, func() bool {
+				m = collect(t, reader)
+				_, ok := gauge[int64](m, "outbox.scheduled")
+				return ok
+			}, 10*time.Second, 10*time.Millisecond, "the scheduled event is counted")
+			stop()
+			m = collect(t, reader)
+			scheduled, _ := gauge[int64](m, "outbox.scheduled")
+			assert.EqualValues(t, 1, scheduled)
+			backlog, _ := gauge[int64](m, "outbox.backlog")
+			assert.EqualValues(t, 1, backlog, "the event due now only")
+			age, ok := gauge[float64](m, "outbox.backlog.oldest_age")
+			require.True(t, ok)
+			assert.GreaterOrEqual(t, age, time.Minute.Seconds(), "the due event is a minute old")
+			assert.Less(t, age, (30 * time.Minute).Seconds(), "the scheduled event, an hour old, does not count")
+		})
+	}
+}
