@@ -131,7 +131,7 @@ func TestStatus(t *testing.T) {
 		addFixture(t, d)
 		r := ok(t, "status", "--db", d.dsn)
 		for _, line := range []string{`pending\s+2`, `due\s+1`, `waiting\s+1`, `leased\s+0`, `dead\s+2`, `processed\s+2`,
-			`OrderPlaced\s+1\s+1`, `OrderShipped\s+1\s+1`} {
+			`scheduled\s+0`, `OrderPlaced\s+1\s+0\s+1`, `OrderShipped\s+1\s+0\s+1`} {
 			if !regexp.MustCompile(`(?m)^\s*` + line + `\s*$`).MatchString(r.stdout) {
 				t.Errorf("status has no line %q:\n%s", line, r.stdout)
 			}
@@ -143,7 +143,7 @@ func TestStatus(t *testing.T) {
 		var st statsJSON
 		decode(t, ok(t, "status", "--db", d.dsn, "--json"), &st)
 		want := statsJSON{Table: "outbox_events", Pending: 2, Due: 1, Waiting: 1, Dead: 2, Processed: 2,
-			ByType: []typeStatsJSON{{"OrderPlaced", 1, 1}, {"OrderShipped", 1, 1}}}
+			ByType: []typeStatsJSON{{"OrderPlaced", 1, 0, 1}, {"OrderShipped", 1, 0, 1}}}
 		if st.OldestPending == nil || st.OldestPendingSeconds < 0 {
 			t.Errorf("oldest pending %v, age %v s", st.OldestPending, st.OldestPendingSeconds)
 		}

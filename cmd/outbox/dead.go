@@ -24,17 +24,21 @@ func newDeadCmd(a *app) *cobra.Command {
 	}
 	cmd.AddCommand(
 		newRepairCmd(a, repairAction{
-			name: "requeue", past: "requeued", states: "dead or waiting",
+			parent: "dead", name: "requeue", past: "requeued", states: "dead or waiting",
 			short: "Make failed events (dead, or waiting for a retry) due now, with their attempts reset",
 			long: `requeue makes failed events due now, with their attempts reset; their last error stays until
 the next delivery. By default it acts on dead events and on events waiting for a retry; --state dead
-or --state waiting narrows that. Events being delivered or already processed are left alone.`,
-			withState: true,
-			byIDs:     (*outboxplugin.Admin).Requeue,
-			where:     (*outboxplugin.Admin).RequeueWhere,
+or --state waiting narrows that. Events being delivered or already processed are left alone, and so
+are scheduled events (delayed events whose time has not come: they keep their time; a message id of
+one is named on stderr, and in JSON as "left_scheduled"): "outbox events deliver-now" is the command
+that moves them.`,
+			withState:     true,
+			nameScheduled: true,
+			byIDs:         (*outboxplugin.Admin).Requeue,
+			where:         (*outboxplugin.Admin).RequeueWhere,
 		}),
 		newRepairCmd(a, repairAction{
-			name: "discard", past: "discarded", states: "dead",
+			parent: "dead", name: "discard", past: "discarded", states: "dead",
 			short: "Delete dead events",
 			long:  `discard deletes dead events. Events of any other state are left alone.`,
 			byIDs: (*outboxplugin.Admin).Discard,
@@ -44,13 +48,18 @@ or --state waiting narrows that. Events being delivered or already processed are
 	return cmd
 }
 
-// repairAction is one of the dead commands: what it does by message ids and by filter.
+// repairAction is one of the commands that change events (dead requeue, dead discard, events
+// deliver-now): what it does by message ids and by filter.
 type repairAction struct {
+	parent             string // the command it is under: dead or events
 	name, past, states string
 	short, long        string
 	withState          bool // takes --state (requeue: dead or waiting)
-	byIDs              func(*outboxplugin.Admin, context.Context, ...string) (int64, error)
-	where              func(*outboxplugin.Admin, context.Context, outboxplugin.EventFilter) (int64, error)
+	// nameScheduled: the message ids it left alone are looked up, and those of scheduled events named
+	// (requeue: the operator may have meant deliver-now).
+	nameScheduled bool
+	byIDs         func(*outboxplugin.Admin, context.Context, ...string) (int64, error)
+	where         func(*outboxplugin.Admin, context.Context, outboxplugin.EventFilter) (int64, error)
 }
 
 func newRepairCmd(a *app, act repairAction) *cobra.Command {
@@ -68,9 +77,9 @@ func newRepairCmd(a *app, act repairAction) *cobra.Command {
 Give the message ids of the events, or --all to act on every ` + act.states + ` event the filter flags
 select (no filter: every one). An --all run asks for confirmation on the terminal, unless --yes;
 without a terminal and without --yes it refuses (exit 4).`,
-		Example: fmt.Sprintf(`  outbox dead %[1]s --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12
-  outbox dead %[1]s --db shop.db --all --type OrderPlaced --since 1d
-  outbox dead %[1]s --db shop.db --all --yes --json`, act.name),
+		Example: fmt.Sprintf(`  outbox %[2]s %[1]s --db shop.db 0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12
+  outbox %[2]s %[1]s --db shop.db --all --type OrderPlaced --since 1d
+  outbox %[2]s %[1]s --db shop.db --all --yes --json`, act.name, act.parent),
 		RunE: a.runE(func(cmd *cobra.Command, ids []string) error {
 			if len(ids) > 0 && (all || ff.set() || state != "") {
 				return usagef("give message ids, or --all with filter flags, not both")
@@ -89,7 +98,7 @@ without a terminal and without --yes it refuses (exit 4).`,
 				return err
 			}
 			if f.State != "" && f.State != outboxplugin.StateDead && f.State != outboxplugin.StateWaiting {
-				return usagef("--state %s: requeue acts on dead or waiting events", state)
+				return usagef("--state %s: requeue acts on dead or waiting events", state) // scheduled ones: events deliver-now
 			}
 			if !yes {
 				if err := a.confirm(fmt.Sprintf("%s every %s event in %s%s?", act.name, describeStates(act, f.State), a.table, describeFilter(ff))); err != nil {
@@ -105,7 +114,7 @@ without a terminal and without --yes it refuses (exit 4).`,
 			if err != nil {
 				return err
 			}
-			return a.printAffected(act, n)
+			return a.printAffected(act, n, nil)
 		}),
 	}
 	fs := cmd.Flags()
@@ -131,15 +140,33 @@ func (a *app) repairByIDs(ctx context.Context, act repairAction, ids []string) e
 	if !a.json && n < int64(len(ids)) {
 		fmt.Fprintf(a.stderr, "%d of the %d message ids matched no %s event\n", int64(len(ids))-n, len(ids), act.states)
 	}
-	return a.printAffected(act, n)
+	var scheduled []string
+	if act.nameScheduled && n < int64(len(ids)) {
+		// Some were left alone: say which of them are scheduled, and what moves those.
+		for _, id := range ids {
+			e, err := adm.Event(ctx, id)
+			if err != nil || e.State != outboxplugin.StateScheduled {
+				continue
+			}
+			scheduled = append(scheduled, id)
+			if !a.json {
+				fmt.Fprintf(a.stderr, "%s is scheduled for %s: %s leaves it; outbox events deliver-now %s makes it due now\n",
+					id, e.NextAttemptAt.UTC().Format(time.RFC3339), act.name, id)
+			}
+		}
+	}
+	return a.printAffected(act, n, scheduled)
 }
 
-func (a *app) printAffected(act repairAction, n int64) error {
+// printAffected prints how many events act changed, and in JSON the message ids of the scheduled
+// events it left alone (requeue by message id).
+func (a *app) printAffected(act repairAction, n int64, leftScheduled []string) error {
 	if a.json {
 		return a.printJSON(struct {
-			Action   string `json:"action"`
-			Affected int64  `json:"affected"`
-		}{act.name, n})
+			Action        string   `json:"action"`
+			Affected      int64    `json:"affected"`
+			LeftScheduled []string `json:"left_scheduled,omitempty"`
+		}{act.name, n, leftScheduled})
 	}
 	_, err := fmt.Fprintf(a.stdout, "%s %d events\n", act.past, n)
 	return err

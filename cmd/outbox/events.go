@@ -80,10 +80,18 @@ func toEventJSON(e outboxplugin.EventInfo, withPayload bool) eventJSON {
 func newEventsCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "events",
-		Short: "List events, or show one",
+		Short: "List events, show one, or deliver scheduled ones now",
 		Args:  noArgs,
 	}
-	cmd.AddCommand(newEventsListCmd(a), newEventsShowCmd(a))
+	cmd.AddCommand(newEventsListCmd(a), newEventsShowCmd(a), newRepairCmd(a, repairAction{
+		parent: "events", name: "deliver-now", past: "made due now:", states: "scheduled",
+		short: "Make scheduled events (delayed, their time not come) due now, ahead of their time",
+		long: `deliver-now makes scheduled events — delayed events (DeliverAfter, DeliverAt) whose time has
+not come — due now: workers publish them at their next poll, ahead of the time they were written
+with. It acts on scheduled events only; failed ones are requeued with "outbox dead requeue".`,
+		byIDs: (*outboxplugin.Admin).DeliverNow,
+		where: (*outboxplugin.Admin).DeliverNowWhere,
+	}))
 	return cmd
 }
 
@@ -102,7 +110,8 @@ func newEventsListCmd(a *app) *cobra.Command {
 When there are more, it prints the cursor of the next page (on stderr in text, as "next_cursor" in
 JSON): pass it back with --cursor and the same filter and --oldest.
 
-States: due, leased, waiting, dead, processed; pending (due, leased and waiting); all (the default).
+States: due, leased, waiting (failed, retried at next_attempt_at), scheduled (delayed, not yet at
+its time), dead, processed; pending (due, leased and waiting); all (the default).
 A --type or aggregate filter among many processed events reads far: bound it with --since/--until.`,
 		Example: `  outbox events list --db shop.db --state dead --type OrderPlaced
   outbox events list --db shop.db --since 2h --limit 100 --json
@@ -140,7 +149,7 @@ A --type or aggregate filter among many processed events reads far: bound it wit
 		}),
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&state, "state", "", "only events in this state: due, leased, waiting, dead, processed, pending or all")
+	fs.StringVar(&state, "state", "", "only events in this state: due, leased, waiting, scheduled, dead, processed, pending or all")
 	ff.register(fs)
 	fs.IntVar(&limit, "limit", 50, "events per page, 1..1000")
 	fs.StringVar(&cursor, "cursor", "", "continue after the page that printed this cursor")
@@ -235,7 +244,11 @@ func (a *app) printEvent(e outboxplugin.EventInfo) error {
 	row("state", string(e.State))
 	row("attempts", fmt.Sprint(e.Attempts))
 	row("created", at(&e.CreatedAt))
-	row("next attempt", at(e.NextAttemptAt))
+	if e.State == outboxplugin.StateScheduled {
+		row("scheduled for", at(e.NextAttemptAt))
+	} else {
+		row("next attempt", at(e.NextAttemptAt))
+	}
 	row("processed", at(e.ProcessedAt))
 	row("dead", at(e.DeadAt))
 	if e.LockedBy != "" || e.LockedUntil != nil {

@@ -20,6 +20,7 @@ type statsJSON struct {
 	Due                  int64           `json:"due"`
 	Leased               int64           `json:"leased"`
 	Waiting              int64           `json:"waiting"`
+	Scheduled            int64           `json:"scheduled"`
 	Dead                 int64           `json:"dead"`
 	Processed            int64           `json:"processed"`
 	ProcessedApproximate bool            `json:"processed_approximate"`
@@ -44,6 +45,7 @@ type tableWarningJSON struct {
 type typeStatsJSON struct {
 	EventType string `json:"event_type"`
 	Pending   int64  `json:"pending"`
+	Scheduled int64  `json:"scheduled"`
 	Dead      int64  `json:"dead"`
 }
 
@@ -51,8 +53,9 @@ func newStatusCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
 		Short: "Count the outbox's events by state and by type",
-		Long: `status counts the outbox table's events: pending (due, leased, waiting for a retry), dead and
-processed, per event type, and the age of the oldest pending event (how far behind the relay is).
+		Long: `status counts the outbox table's events: pending (due, leased, waiting for a retry), scheduled
+(delayed events whose time has not come), dead and processed, per event type, and the age of the
+oldest pending event (how far behind the relay is; scheduled events do not count).
 
 The processed count is exact up to 10000 rows; above that it is the database's estimate, and the
 output says so ("~" in text, "processed_approximate": true in JSON).
@@ -86,7 +89,7 @@ read.`,
 func toStatsJSON(table string, st outboxplugin.Stats) statsJSON {
 	out := statsJSON{
 		Table: table, At: st.At, Pending: st.Pending, Due: st.Due, Leased: st.Leased, Waiting: st.Waiting,
-		Dead: st.Dead, Processed: st.Processed, ProcessedApproximate: st.ProcessedApproximate,
+		Scheduled: st.Scheduled, Dead: st.Dead, Processed: st.Processed, ProcessedApproximate: st.ProcessedApproximate,
 		OldestPendingSeconds: st.OldestPendingAge.Seconds(), ByType: []typeStatsJSON{},
 		TableWarnings: []tableWarningJSON{},
 	}
@@ -121,6 +124,7 @@ func (a *app) printStats(st outboxplugin.Stats) error {
 	fmt.Fprintf(w, "  due\t%d\n", st.Due)
 	fmt.Fprintf(w, "  leased\t%d\n", st.Leased)
 	fmt.Fprintf(w, "  waiting\t%d\n", st.Waiting)
+	fmt.Fprintf(w, "scheduled\t%d\n", st.Scheduled)
 	fmt.Fprintf(w, "dead\t%d\n", st.Dead)
 	fmt.Fprintf(w, "processed\t%s\n", processed)
 	fmt.Fprintf(w, "oldest pending\t%s\n", oldest)
@@ -132,9 +136,9 @@ func (a *app) printStats(st outboxplugin.Stats) error {
 	}
 	fmt.Fprintln(a.stdout)
 	w = tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "EVENT TYPE\tPENDING\tDEAD")
+	fmt.Fprintln(w, "EVENT TYPE\tPENDING\tSCHEDULED\tDEAD")
 	for _, t := range st.ByType {
-		fmt.Fprintf(w, "%s\t%d\t%d\n", t.EventType, t.Pending, t.Dead)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", t.EventType, t.Pending, t.Scheduled, t.Dead)
 	}
 	return w.Flush()
 }
