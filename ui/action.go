@@ -13,9 +13,9 @@ import (
 // maxSelection bounds the message ids of one mutation: a page of the console lists at most 100.
 const maxSelection = 1000
 
-// mutation is a requeue or discard the console has been asked for, as its form says.
+// mutation is a requeue, discard or deliver-now the console has been asked for, as its form says.
 type mutation struct {
-	Op    string   // requeue or discard
+	Op    string   // requeue, discard (failed events) or deliver-now (scheduled events)
 	Scope string   // ids or group
 	IDs   []string // scope ids
 	Type  string   // scope group: the event type
@@ -74,6 +74,8 @@ func (c *Console) action(q *request) {
 	switch {
 	case m.Scope == "ids" && m.Op == "requeue":
 		n, err = c.admin.Requeue(q.ctx(), m.IDs...)
+	case m.Scope == "ids" && m.Op == "deliver-now":
+		n, err = c.admin.DeliverNow(q.ctx(), m.IDs...)
 	case m.Scope == "ids":
 		n, err = c.admin.Discard(q.ctx(), m.IDs...)
 	case m.Op == "requeue":
@@ -114,8 +116,14 @@ func (c *Console) parseMutation(q *request) (mutation, string) {
 	if one != "" {
 		m.Op, one, _ = strings.Cut(one, " ")
 	}
-	if m.Op != "requeue" && m.Op != "discard" {
-		return m, "Unknown action " + strconv.Quote(m.Op) + ": requeue or discard."
+	switch m.Op {
+	case "requeue", "discard":
+	case "deliver-now":
+		if m.Scope == "group" {
+			return m, "A group is dead events: deliver now is for scheduled events, select them instead."
+		}
+	default:
+		return m, "Unknown action " + strconv.Quote(m.Op) + ": requeue, discard or deliver-now."
 	}
 	switch m.Scope {
 	case "ids":

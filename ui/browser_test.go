@@ -334,7 +334,7 @@ func TestBrowserReadsTheConsole(t *testing.T) {
 			t.Fatalf("overview: %d", status)
 		}
 		counts := evaluate[map[string]string](b, `Object.fromEntries([...document.querySelectorAll("[data-count]")].map(e => [e.dataset.count, e.innerText.trim()]))`)
-		want := map[string]string{"pending": "2", "due": "1", "leased": "0", "waiting": "1", "dead": "3", "processed": "1"}
+		want := map[string]string{"pending": "2", "due": "1", "leased": "0", "waiting": "1", "scheduled": "0", "dead": "3", "processed": "1"}
 		if !maps.Equal(counts, want) {
 			t.Errorf("overview counts %v, want %v", counts, want)
 		}

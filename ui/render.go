@@ -84,6 +84,8 @@ func notice(q url.Values) string {
 		return fmt.Sprintf("Requeued %d event%s: workers publish them at their next poll.", n, plural(n))
 	case "discard":
 		return fmt.Sprintf("Discarded %d dead event%s.", n, plural(n))
+	case "deliver-now":
+		return fmt.Sprintf("Made %d scheduled event%s due now: workers publish them at their next poll.", n, plural(n))
 	}
 	return ""
 }
@@ -157,13 +159,16 @@ var funcs = template.FuncMap{
 		}
 		return e.AggregateType + "/" + e.AggregateID
 	},
+	// canRequeue: a failed event (dead, or waiting for a retry). Never a scheduled one, which keeps
+	// its time unless someone asks to deliver it now (isScheduled).
 	"canRequeue": func(s outboxplugin.EventState) bool {
 		return s == outboxplugin.StateDead || s == outboxplugin.StateWaiting
 	},
-	"isDead": func(s outboxplugin.EventState) bool { return s == outboxplugin.StateDead },
+	"isDead":      func(s outboxplugin.EventState) bool { return s == outboxplugin.StateDead },
+	"isScheduled": func(s outboxplugin.EventState) bool { return s == outboxplugin.StateScheduled },
 	"states": func() []outboxplugin.EventState {
 		return []outboxplugin.EventState{outboxplugin.StatePending, outboxplugin.StateDue, outboxplugin.StateLeased,
-			outboxplugin.StateWaiting, outboxplugin.StateDead, outboxplugin.StateProcessed}
+			outboxplugin.StateWaiting, outboxplugin.StateScheduled, outboxplugin.StateDead, outboxplugin.StateProcessed}
 	},
 }
 
