@@ -1,9 +1,9 @@
 // Package outboxui is a web console for the outbox table of github.com/gorm-outbox/outboxplugin:
 // counts per state, the oldest pending event's age, recent throughput and lag, the events with
 // filters, one event with its payload and last error, and the dead events grouped by type and error
-// with requeue and discard. It is an http.Handler over the core's Admin; its pages are
-// server-rendered HTML with their assets embedded, so it needs no build step and nothing from the
-// network.
+// with requeue and discard, and deliver-now of scheduled (delayed) events. It is an http.Handler
+// over the core's Admin; its pages are server-rendered HTML with their assets embedded, so it needs
+// no build step and nothing from the network.
 //
 //	admin, err := outboxplugin.NewAdmin(db)
 //	console, err := outboxui.New(admin, outboxui.WithWrites(outboxui.BasicAuth(map[string]string{"oncall": secret})))

@@ -24,9 +24,9 @@ type config struct {
 	title        string
 }
 
-// WithWrites enables the console's mutations (requeue and discard of dead events), for the users
-// auth accepts. Without it the console is read-only: its forms are not shown and every POST is
-// refused with 403. auth must not be nil: a mutation always has a user, whom the log names.
+// WithWrites enables the console's mutations (requeue and discard of failed events, deliver-now of
+// scheduled events), for the users auth accepts. Without it the console is read-only: its forms are
+// not shown and every POST is refused with 403. auth must not be nil: a mutation always has a user, whom the log names.
 func WithWrites(auth Authenticator) Option {
 	return func(c *config) error {
 		if auth == nil {

@@ -29,7 +29,7 @@ type consoleFlags struct {
 }
 
 func (c *consoleFlags) register(fl *pflag.FlagSet, prefix string) {
-	fl.BoolVar(&c.write, prefix+"write", false, "enable requeue and discard of dead events (needs --"+prefix+"user and --"+prefix+"password-file)")
+	fl.BoolVar(&c.write, prefix+"write", false, "enable requeue and discard of failed events and deliver-now of scheduled ones (needs --"+prefix+"user and --"+prefix+"password-file)")
 	fl.StringVar(&c.user, prefix+"user", "", "with --"+prefix+"password-file: the user every page (and every change) needs, by HTTP basic authentication")
 	fl.StringVar(&c.passwordFile, prefix+"password-file", "", "a file holding the password of --"+prefix+"user (a mounted secret)")
 	fl.BoolVar(&c.hidePayloads, prefix+"hide-payloads", false, "do not show the events' payloads (for outboxes that carry personal data)")
@@ -70,8 +70,8 @@ event's age, the events published in the last minutes and their lag, the events 
 event with its payload and last error, and the dead events grouped by type and error.
 
 It is read-only unless --write is given. --write needs --user and --password-file: with them every
-page asks for that user (HTTP basic authentication), and every requeue or discard is confirmed on a
-page of its own and logged with the user. It listens on 127.0.0.1 unless --http names another
+page asks for that user (HTTP basic authentication), and every requeue, discard or deliver-now is
+confirmed on a page of its own and logged with the user. It listens on 127.0.0.1 unless --http names another
 address; on any other address, give it a user, or put it behind a proxy that authenticates.`
 
 func newUICmd(a *app) *cobra.Command {
