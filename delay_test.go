@@ -99,7 +99,7 @@ func TestDelayedEvents(t *testing.T) {
 		require.NoError(t, err)
 		e, err := admin.Event(ctx, byType["AtTime"].MessageID)
 		require.NoError(t, err)
-		assert.Equal(t, outboxplugin.StateWaiting, e.State)
+		assert.Equal(t, outboxplugin.StateScheduled, e.State, "a delayed event before its time is scheduled, not waiting")
 		assert.Zero(t, e.Attempts, "never attempted")
 
 		makeDue(t, db, byType["Later"].MessageID, byType["AtTime"].MessageID, byType["Reminder_create"].MessageID)
