@@ -85,7 +85,7 @@ func NewAdmin(db *gorm.DB, opts ...AdminOption) (*Admin, error) {
 		}
 	}
 	db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
-	q, err := newRelaySQL(db, cfg.table, false, DefaultBatchSize, 0)
+	q, err := newRelaySQL(db, cfg.table, false, DefaultBatchSize, 0, DefaultLease)
 	if err != nil {
 		return fail(err)
 	}

@@ -16,15 +16,15 @@ import (
 // was full and published completely — returns it for the next claim to mark.
 func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool) (published int, next *carriedBatch, outage bool, err error) {
 	allDelivered := !slices.ContainsFunc(c.out, func(d delivery) bool { return d.kind != delivered })
-	if carry && allDelivered && len(c.rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil {
+	if carry && allDelivered && len(c.rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil && !c.handBack {
 		res := c.res
 		res.Published = c.msgs
-		return len(c.rows), &carriedBatch{rows: c.rows, lease: c.lease, now: time.Now().UTC(), res: res}, false, nil
+		return len(c.rows), &carriedBatch{rows: c.rows, lease: c.lease, now: w.wallClock(time.Now()), res: res}, false, nil
 	}
 	w.drop(c.lease, c.rows)
 	res := c.res
 	start := time.Now()
-	o, err := w.finish(ctx, c.rows, c.out, &res)
+	o, err := w.finish(ctx, c.rows, c.out, &res, c.handBack)
 	res.FinishDuration = time.Since(start)
 	if err != nil {
 		return 0, nil, false, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
@@ -76,10 +76,11 @@ func (w *Worker) noteLeaseLost(ctx context.Context, res *BatchResult, published 
 
 // finish records the outcome of a batch (see decide): published rows done, refused rows scheduled
 // for retry or dead, rows not delivered handed back. Several statements run in one transaction; one
-// runs alone.
-func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, res *BatchResult) (outcome, error) {
-	now := time.Now().UTC()
-	o := decide(rows, out, ctx.Err() != nil, w.cfg.maxAttempts, w.cfg.retry, now)
+// runs alone. With handBack (the lease ran out), as when the worker is stopping, the rows not
+// delivered are handed back with their attempt given back and nothing recorded against them.
+func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, res *BatchResult, handBack bool) (outcome, error) {
+	now := w.wallClock(time.Now())
+	o := decide(rows, out, ctx.Err() != nil || handBack, w.cfg.maxAttempts, w.cfg.retry, now)
 	for _, r := range o.done {
 		res.Published = append(res.Published, r.msg)
 	}
@@ -97,7 +98,7 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, 
 	}
 	for _, g := range o.retries {
 		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, g.next, g.attempt)
+			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, now, g.next.Sub(now), g.attempt)
 		})
 	}
 	for _, d := range o.dead {

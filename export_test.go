@@ -79,3 +79,7 @@ func UsePerStatementInserts(p *Plugin) { p.perStatementInserts = true }
 func RelayLiteral(w *Worker, query string, args ...any) (string, []any) {
 	return w.sql.d.literal(query, args)
 }
+
+// UseClockSkew sets w's wall clock off by skew, as on a host whose clock is wrong: the time it gives
+// the statements that take the worker's clock (SQLite's) and its attempt histories.
+func UseClockSkew(w *Worker, skew time.Duration) { w.skew = skew }

@@ -2,6 +2,7 @@ package outboxplugin
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -25,11 +26,17 @@ import (
 // their owner reads meanwhile: where a renewal moved a row (PostgreSQL), its new ctid waits in moved
 // until drop hands it over.
 type heldLease struct {
-	ids        []int64
-	moved      map[int64]string // id → ctid after the latest renewal
-	until      time.Time        // when the lease runs out, as last stamped
-	renewUntil time.Time        // renewals stop here
+	ids   []int64
+	moved map[int64]string // id → ctid after the latest renewal
+	// until is when the lease runs out at the earliest, on the worker's monotonic clock: the time the
+	// latest claim or renewal of it was sent, plus the lease. The database's lease, stamped when the
+	// statement ran, ends no earlier.
+	until      time.Time
+	renewUntil time.Time // renewals stop here
 	dropped    bool
+	// expire ends the publish under way when until passes with no renewal (leaseContext); nil when
+	// no publish is under way.
+	expire *time.Timer
 }
 
 // leaseKeeper renews the leases of the batches a worker holds.
@@ -48,7 +55,7 @@ func (w *Worker) hold(rows []claimedRow, claimed, until time.Time) *heldLease {
 	return h
 }
 
-// leaseEnd returns when h's lease runs out, as last stamped.
+// leaseEnd returns when h's lease runs out at the earliest, as last claimed or renewed.
 func (w *Worker) leaseEnd(h *heldLease) time.Time {
 	w.leases.mu.Lock()
 	defer w.leases.mu.Unlock()
@@ -68,10 +75,46 @@ func (w *Worker) drop(h *heldLease, rows []claimedRow) {
 		h.dropped = true
 		k.held = slices.DeleteFunc(k.held, func(x *heldLease) bool { return x == h })
 	}
+	if h.expire != nil {
+		h.expire.Stop()
+		h.expire = nil
+	}
 	for i := range rows {
 		if ctid, ok := h.moved[rows[i].id]; ok {
 			rows[i].ctid = ctid
 		}
+	}
+}
+
+// errLeaseRanOut ends a publish whose lease ran out (leaseContext).
+var errLeaseRanOut = errors.New("outboxplugin: the lease of the batch ran out before its publish ended (renewals failed)")
+
+// leaseLive reports whether h's lease has not run out yet on the worker's clock.
+func (w *Worker) leaseLive(h *heldLease) bool {
+	return time.Now().Before(w.leaseEnd(h))
+}
+
+// leaseContext returns a context for publishing h's rows: it ends, with errLeaseRanOut as its cause,
+// when h's lease runs out on the worker's clock before a renewal extends it — once it has, another
+// relay may take the rows over and publish them, and two relays must not publish an event at once.
+// stop releases it.
+func (w *Worker) leaseContext(ctx context.Context, h *heldLease) (lctx context.Context, stop func()) {
+	lctx, cancel := context.WithCancelCause(ctx)
+	if h == nil {
+		return lctx, func() { cancel(nil) }
+	}
+	k := &w.leases
+	k.mu.Lock()
+	h.expire = time.AfterFunc(time.Until(h.until), func() { cancel(errLeaseRanOut) })
+	k.mu.Unlock()
+	return lctx, func() {
+		k.mu.Lock()
+		if h.expire != nil {
+			h.expire.Stop()
+			h.expire = nil
+		}
+		k.mu.Unlock()
+		cancel(nil)
 	}
 }
 
@@ -101,7 +144,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	k := &w.leases
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	now := time.Now().UTC()
+	now := time.Now()
 	var due []*heldLease
 	var ids []int64
 	for _, h := range k.held {
@@ -114,19 +157,29 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	until := now.Add(w.cfg.lease)
+	sent := time.Now()
+	until := sent.Add(w.cfg.lease) // the database's new lease starts no earlier than the renewal is sent
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.lease/3)
 	defer cancel()
-	moved, n, err := w.sql.renew(rctx, w.owner, ids, until)
+	moved, n, err := w.sql.renew(rctx, w.owner, ids, w.wallClock(sent))
 	if err != nil {
 		if ctx.Err() == nil {
-			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not renew the lease of events in flight; another worker may publish them too",
+			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not renew the lease of events in flight; their publish stops when the lease runs out",
 				slog.String("worker", w.owner), slog.Int("events", len(ids)), slog.Any("error", err))
 		}
 		return
 	}
+	// A renewal that found some rows no longer the worker's came after their lease had run out: which
+	// batches they belong to is not known (MySQL reports a count), so no lease is extended, and the
+	// publishes under way stop when their leases run out, as the database's did.
+	extend := n == int64(len(ids))
 	for _, h := range due {
-		h.until = until
+		if extend {
+			h.until = until
+			if h.expire != nil {
+				h.expire.Reset(time.Until(until))
+			}
+		}
 		if moved == nil {
 			continue
 		}
@@ -139,8 +192,8 @@ func (w *Worker) renewLeases(ctx context.Context) {
 			}
 		}
 	}
-	if n < int64(len(ids)) {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: lost the lease of events in flight to another worker; they will be published twice",
+	if !extend {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: lost the lease of events in flight to another worker (their lease had run out); their publish stops when the lease runs out",
 			slog.String("worker", w.owner), slog.Int64("events", int64(len(ids))-n))
 	}
 }

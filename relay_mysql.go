@@ -42,7 +42,6 @@ type mysqlRelay struct {
 }
 
 func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
-	d.db = q.db
 	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB sorts when
 	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
@@ -56,7 +55,7 @@ func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	d.claimStampFresh = p.stampFresh
 }
 
-func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
+func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
 	args := q.pickArgs(now)
 	dueArgs, freshArgs := args[:len(args)-q.freshArgCount()], args[len(args)-q.freshArgCount():]
 	err = q.inTxAt(ctx, d.tx, func(tx *sql.Tx) error {
@@ -106,7 +105,8 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now, 
 		if slices.ContainsFunc(claimed, func(r claimedRow) bool { return r.unfinished }) {
 			stamp = d.claimStamp
 		}
-		query, args := d.literal(stamp+in, append([]any{owner, leaseUntil}, ids...))
+		head := append([]any{owner}, q.clock.laterArgs(d.clock(now), q.lease, false)...)
+		query, args := d.literal(stamp+in, append(head, ids...))
 		_, err = tx.ExecContext(ctx, query, args...)
 		return err
 	})
@@ -221,22 +221,31 @@ type timeLiterals struct {
 }
 
 func (t *timeLiterals) utc(db *sql.DB) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.known || db == nil {
-		return t.isUTC
+	if db == nil {
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	utc, err := t.probe(ctx, db)
+	return err == nil && utc
+}
+
+// probe is utc with the error of a probe that could not run.
+func (t *timeLiterals) probe(ctx context.Context, db *sql.DB) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.known {
+		return t.isUTC, nil
+	}
 	winter := time.Date(2001, 1, 2, 3, 4, 5, 123456000, time.UTC)
 	summer := time.Date(2001, 7, 2, 3, 4, 5, 123456000, time.UTC)
 	var w, s string
 	if err := db.QueryRowContext(ctx, `SELECT CAST(? AS CHAR), CAST(? AS CHAR)`, winter, summer).Scan(&w, &s); err != nil {
-		return false
+		return false, err
 	}
 	t.known = true
 	t.isUTC = w == "2001-01-02 03:04:05.123456" && s == "2001-07-02 03:04:05.123456"
-	return t.isUTC
+	return t.isUTC, nil
 }
 
 func (*mysqlRelay) idList(ids []int64) (string, []any) { return inList(ids) }
@@ -268,6 +277,28 @@ func (*mysqlRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (fu
 // clock drops the nanoseconds: go-sql-driver sends a time with them, and MariaDB then bounds no index
 // range on a DATETIME(6) column by it (the due run would be scanned to its end).
 func (*mysqlRelay) clock(now time.Time) time.Time { return now.Truncate(time.Microsecond) }
+
+// timeSQL reads the server's clock in UTC, UTC_TIMESTAMP(6), when the driver sends times in UTC (its
+// default), the zone the stored times are then in: the application's delayed events and the relay's
+// leases compare alike. A driver that sends them in another zone (a DSN with loc=Local on a host not
+// in UTC) stores local times, which the server's UTC clock cannot be compared with: the statements
+// then take the worker's clock, as the application's writes do, and relays' clocks must agree.
+func (d *mysqlRelay) timeSQL(ctx context.Context, db *sql.DB) (dbTime, error) {
+	utc, err := d.times.probe(ctx, db)
+	if err != nil {
+		return dbTime{}, err
+	}
+	if !utc {
+		return boundTime, nil
+	}
+	return dbTime{
+		now: `UTC_TIMESTAMP(6)`,
+		later: func(dur time.Duration) string {
+			return `(UTC_TIMESTAMP(6) + INTERVAL ` + strconv.FormatInt(dur.Microseconds(), 10) + ` MICROSECOND)`
+		},
+		by: `(UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
+	}, nil
+}
 
 func (*mysqlRelay) listens() bool { return false }
 

@@ -41,12 +41,12 @@ func (d *pgRelay) build(q *relaySQL, p claimParts) {
 			`claimed AS (` + claim + `) SELECT -1, claimed.* FROM claimed UNION ALL ` +
 			`SELECT count(*), 0, '', '', '', '', NULL, NULL, NULL, 0, NULL, '' FROM done`)
 	}
-	d.claimAfterDone = marked(`UPDATE ` + q.table + ` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL`)
+	d.claimAfterDone = marked(`UPDATE ` + q.table + ` SET processed = true, processed_at = ` + q.clock.now + `, locked_by = NULL, locked_until = NULL`)
 	d.claimAfterDelete = marked(`DELETE FROM ` + q.table)
 }
 
-func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) ([]claimedRow, int64, error) {
-	claimArgs := q.claimArgs(owner, now, leaseUntil)
+func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) ([]claimedRow, int64, error) {
+	claimArgs := q.claimArgs(owner, now)
 	if prev == nil {
 		rows, err := q.db.QueryContext(ctx, d.claimUpdate, claimArgs...)
 		if err != nil {
@@ -61,7 +61,7 @@ func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now, lea
 	query := d.claimAfterDelete
 	if !deleteDone {
 		query = d.claimAfterDone
-		match = append([]any{prev.now}, match...)
+		match = append(q.clock.args(prev.now, 1), match...)
 	}
 	rows, err := q.db.QueryContext(ctx, query, append(match, claimArgs...)...)
 	if err != nil {
@@ -165,6 +165,18 @@ func (*pgRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (func(
 }
 
 func (*pgRelay) clock(now time.Time) time.Time { return now }
+
+// timeSQL reads PostgreSQL's clock: now(), the start of the statement's transaction (a claim and a
+// renewal are statements of their own).
+func (*pgRelay) timeSQL(context.Context, *sql.DB) (dbTime, error) {
+	return dbTime{
+		now: `now()`,
+		later: func(d time.Duration) string {
+			return `(now() + interval '` + strconv.FormatInt(d.Microseconds(), 10) + ` microseconds')`
+		},
+		by: `(now() + ?::bigint * interval '1 microsecond')`,
+	}, nil
+}
 
 func (*pgRelay) listens() bool { return true }
 

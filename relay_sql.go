@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -28,9 +29,14 @@ import (
 // owns it now and publishes it again — a duplicate, never a loss. Run records a fully published
 // batch in the same statement (PostgreSQL) or transaction as the next claim, one commit per batch.
 //
-// Every comparison with the current time takes the worker's clock as a parameter, so the same
-// statements work on the three databases and SQLite, which stores times as text, compares like with
-// like; relays' clocks must agree to within a small part of the lease (NTP does).
+// Leases, retry times and the times a claim compares them with are the database's: taken in SQL
+// (now() on PostgreSQL, UTC_TIMESTAMP(6) on MySQL and MariaDB), never from a relay's clock, so relays
+// whose clocks differ still agree on when a lease runs out (see dbTime). SQLite, whose database is
+// one host's file, takes the worker's clock as a parameter. A worker also keeps its own, conservative
+// end of each lease: the time it sent the claim (or renewal) plus the lease, on its monotonic clock,
+// which the database's end cannot precede. It does not start publishing a batch past that end, and a
+// publish still running then is cut short (leases.go): a relay that got a claim's answer late, or
+// that cannot renew, never publishes rows another relay may have taken over.
 type relaySQL struct {
 	d     relayDialect
 	table string // quoted
@@ -43,6 +49,13 @@ type relaySQL struct {
 	// historySet the assignment that appends one, bound to a JSON entry (see history.go).
 	history    int
 	historySet string
+
+	clock dbTime        // how the statements read the current time (set by ready)
+	lease time.Duration // how long a claim or renewal leases rows for
+
+	gdb     *gorm.DB // for the dialect's quoting and locking clause, when ready writes the claim
+	buildMu sync.Mutex
+	built   bool
 }
 
 // relayDialect is what differs between databases in the relay's SQL, one implementation per database
@@ -52,10 +65,10 @@ type relaySQL struct {
 type relayDialect interface {
 	// build writes the dialect's claim statements from the parts every dialect shares.
 	build(q *relaySQL, p claimParts)
-	// claim leases up to a batch of pending rows to owner until leaseUntil. When prev is not nil,
+	// claim leases up to a batch of pending rows to owner for q.lease. When prev is not nil,
 	// its rows are marked done (or deleted) in the same statement or transaction, and marked is how
 	// many of them were still leased to owner.
-	claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error)
+	claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error)
 	// bind rewrites the ? placeholders of query as the dialect's bind variables.
 	bind(query string) string
 	// literal writes args into query as literals where that saves the database work (MySQL: a
@@ -73,8 +86,15 @@ type relayDialect interface {
 	cleanupQuery(table string) string
 	// tryLock takes the lock name on conn without waiting; release lets go of it.
 	tryLock(ctx context.Context, conn *sql.Conn, name string) (release func(), got bool, err error)
-	// clock is the worker's current time as the claim compares it.
+	// clock is the worker's current time as the claim compares it, where the statements take the
+	// worker's clock (see timeSQL).
 	clock(now time.Time) time.Time
+	// timeSQL is how the relay's statements read the current time: an expression of the database's
+	// clock, now, with later(d) for d after it and laterBy for a bind variable of microseconds after
+	// it (PostgreSQL, MySQL and MariaDB). With bound true they are bind variables taking the worker's
+	// clock instead (SQLite, whose file has one host's clock; MySQL when the driver does not send
+	// times in UTC, the zone the stored times are then compared in).
+	timeSQL(ctx context.Context, db *sql.DB) (dbTime, error)
 	// listens reports whether the database wakes the worker with notifications.
 	listens() bool
 	// retryable reports whether a claim that failed with err rolled back whole and may simply be run
@@ -90,6 +110,40 @@ type relayDialect interface {
 	// alternating.
 	jsonObject(pairs ...string) string
 }
+
+// dbTime is the current time in a dialect's statements (relayDialect.timeSQL).
+type dbTime struct {
+	now   string                       // the current time
+	later func(d time.Duration) string // the current time plus d, a constant
+	by    string                       // the current time plus a bind variable of microseconds
+	bound bool                         // now, later and by are bind variables of the worker's times
+}
+
+// args are the values of the bind variables of n uses of now (none when the database's clock is read).
+func (t dbTime) args(now time.Time, n int) []any {
+	if !t.bound {
+		return nil
+	}
+	out := make([]any, n)
+	for i := range out {
+		out[i] = now
+	}
+	return out
+}
+
+// laterArgs is the value of the bind variable of later(d) or by, d after now.
+func (t dbTime) laterArgs(now time.Time, d time.Duration, forBy bool) []any {
+	switch {
+	case t.bound:
+		return []any{now.Add(d)}
+	case forBy:
+		return []any{d.Microseconds()}
+	}
+	return nil
+}
+
+// boundTime is the dbTime of a dialect whose statements take the worker's clock.
+var boundTime = dbTime{now: "?", later: func(time.Duration) string { return "?" }, by: "?", bound: true}
 
 // returnedColumns are the columns a claim reads back, in scan order.
 const returnedColumns = "id, message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, attempts, last_error"
@@ -117,8 +171,10 @@ func stampUnfinishedHistory(d relayDialect, keep int) string {
 }
 
 // newRelaySQL writes the relay's SQL for table. history is how many failed attempts each row keeps
-// (0: the statements leave attempt_history alone).
-func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history int) (*relaySQL, error) {
+// (0: the statements leave attempt_history alone); lease is how long a claim or renewal leases rows
+// for. The claim's statements are written by ready, at the first claim: on MySQL they depend on how
+// the driver sends times, which takes the database to find out.
+func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history int, lease time.Duration) (*relaySQL, error) {
 	var d relayDialect
 	switch dialect := db.Dialector.Name(); dialect {
 	case "postgres":
@@ -134,14 +190,46 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 	if err != nil {
 		return nil, fmt.Errorf("the relay needs a *sql.DB: %w", err)
 	}
+	if m, ok := d.(*mysqlRelay); ok {
+		m.db = sqlDB // literal's probe of how the driver sends times
+	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history}
-	stamp, stampFresh := stampUnfinished, stampUnfinished
+	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history,
+		lease: lease, gdb: db}
 	if history > 0 {
 		q.historySet = `attempt_history = ` + d.appendHistory(history-1, d.jsonParam()) + `, `
+	}
+	return q, nil
+}
+
+// ready writes the claim's statements, once: it asks the dialect how its statements read the current
+// time (MySQL: whether the driver sends times in UTC, which takes a round trip), and fails when that
+// cannot be told yet (the database is away), to be tried again at the next claim.
+func (q *relaySQL) ready(ctx context.Context) error {
+	q.buildMu.Lock()
+	defer q.buildMu.Unlock()
+	if q.built {
+		return nil
+	}
+	clock, err := q.d.timeSQL(ctx, q.db)
+	if err != nil {
+		return fmt.Errorf("read how the database's times are sent: %w", err)
+	}
+	q.clock = clock
+	q.buildClaim()
+	q.built = true
+	return nil
+}
+
+// buildClaim writes the claim's statements with q.clock.
+func (q *relaySQL) buildClaim() {
+	d, history := q.d, q.history
+	stmt := &gorm.Statement{DB: q.gdb, Clauses: map[string]clause.Clause{}}
+	stamp, stampFresh := stampUnfinished, stampUnfinished
+	if history > 0 {
 		stamp += stampUnfinishedHistory(d, history-1)
 	}
-	const lease = `locked_by = ?, locked_until = ?, attempts = attempts + 1 WHERE `
+	lease := `locked_by = ?, locked_until = ` + q.clock.later(q.lease) + `, attempts = attempts + 1 WHERE `
 
 	// FOR UPDATE SKIP LOCKED as the dialect writes it. GORM's SQLite dialect writes nothing, and
 	// SQLite needs nothing: a writing statement holds the database's write lock from its start, so
@@ -162,8 +250,9 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 	// partial index on PostgreSQL and SQLite. The ORDER BY follows the index's columns there (PostgreSQL
 	// takes a column IS NULL for no constant, and would sort every pending row otherwise); MariaDB sorts
 	// when the columns fixed by the predicate are named, so there it names only the others.
-	live := ` AND (c.locked_until IS NULL OR c.locked_until < ?)`
-	if keyOrdering {
+	now := q.clock.now
+	live := ` AND (c.locked_until IS NULL OR c.locked_until < ` + now + `)`
+	if q.keyOrdering {
 		// Only the head of each key: no earlier unprocessed event of the same key (dead ones
 		// included: they block their key until requeued), and no event of the key in flight under
 		// a live lease (one committed after a later one was claimed waits for it). Events without a
@@ -172,21 +261,20 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 		live += ` AND ((c.aggregate_type = '' AND c.aggregate_id = '') OR NOT EXISTS (` +
 			`SELECT 1 FROM ` + q.table + ` p WHERE p.aggregate_type = c.aggregate_type` +
 			` AND p.aggregate_id = c.aggregate_id AND p.processed = false AND p.id <> c.id` +
-			` AND (p.id < c.id OR p.locked_until >= ?)))`
+			` AND (p.id < c.id OR p.locked_until >= ` + now + `)))`
 	}
 	d.build(q, claimParts{
-		due:   `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ?` + live,
+		due:   `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ` + now + live,
 		fresh: `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + live,
 		// The batch size is written into the text, not bound: with LIMIT a parameter, PostgreSQL's
 		// plan cache never trusts a generic plan and plans every claim anew (about a tenth of a
 		// claim's time); with it written out, the prepared claim is planned once per connection.
-		limit:      ` LIMIT ` + strconv.Itoa(batchSize),
+		limit:      ` LIMIT ` + strconv.Itoa(q.batchSize),
 		lock:       lock,
 		table:      q.table,
 		stamp:      `UPDATE ` + q.table + ` SET ` + stamp + lease,
 		stampFresh: `UPDATE ` + q.table + ` SET ` + stampFresh + lease,
 	})
-	return q, nil
 }
 
 // claimParts are the pieces of a claim every dialect shares: the predicates of the due run and of the
@@ -256,17 +344,22 @@ type claimedRow struct {
 	unfinished bool
 }
 
-// pickArgs are the values of the pick subquery's placeholders, in text order.
+// pickArgs are the values of the pick subquery's placeholders, in text order: the current time of
+// each run's comparisons, where the statements take the worker's clock; none where they read the
+// database's.
 func (q *relaySQL) pickArgs(now time.Time) []any {
-	now = q.d.clock(now)
+	n := 3 // due: next attempt, lease; fresh: lease
 	if q.keyOrdering {
-		return []any{now, now, now, now, now} // due: next attempt, lease, key lease; fresh: lease, key lease
+		n = 5 // and each run's key lease
 	}
-	return []any{now, now, now} // due: next attempt, lease; fresh: lease
+	return q.clock.args(q.d.clock(now), n)
 }
 
 // freshArgCount is how many of pickArgs belong to the fresh run (the last ones).
 func (q *relaySQL) freshArgCount() int {
+	if !q.clock.bound {
+		return 0
+	}
 	if q.keyOrdering {
 		return 2
 	}
@@ -280,17 +373,22 @@ type doneBatch struct {
 	now   time.Time
 }
 
-// claim leases up to a batch of pending rows to owner until leaseUntil. When prev is not nil, its rows
-// are marked done (or deleted) in the same statement or transaction, and marked is how many of them
-// were still leased to owner.
-func (q *relaySQL) claim(ctx context.Context, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error) {
-	return q.d.claim(ctx, q, owner, now, leaseUntil, prev, deleteDone)
+// claim leases up to a batch of pending rows to owner for the lease, from the database's current time
+// (now is the worker's, for a dialect that takes it). When prev is not nil, its rows are marked done
+// (or deleted) in the same statement or transaction, and marked is how many of them were still
+// leased to owner.
+func (q *relaySQL) claim(ctx context.Context, owner string, now time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error) {
+	if err := q.ready(ctx); err != nil {
+		return nil, 0, err
+	}
+	return q.d.claim(ctx, q, owner, now, prev, deleteDone)
 }
 
 // claimArgs are the values of a claim's placeholders after those of the rows to mark: the lease's
 // owner and expiry, then the runs'.
-func (q *relaySQL) claimArgs(owner string, now, leaseUntil time.Time) []any {
-	return append([]any{owner, leaseUntil}, q.pickArgs(now)...)
+func (q *relaySQL) claimArgs(owner string, now time.Time) []any {
+	args := append([]any{owner}, q.clock.laterArgs(q.d.clock(now), q.lease, false)...)
+	return append(args, q.pickArgs(now)...)
 }
 
 // inTx runs fn in a transaction.
@@ -464,10 +562,11 @@ func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []
 // of them were still leased to owner.
 func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b doneBatch, deleteRows bool) (int64, error) {
 	match, args := q.rowsMatch(b.ids, b.ctids)
-	query := `UPDATE ` + q.table + ` SET processed = true, processed_at = ?, locked_by = NULL, locked_until = NULL WHERE `
-	args = append([]any{b.now}, args...)
+	query := `UPDATE ` + q.table + ` SET processed = true, processed_at = ` + q.clock.now + `, locked_by = NULL, locked_until = NULL WHERE `
 	if deleteRows {
-		query, args = `DELETE FROM `+q.table+` WHERE `, args[1:]
+		query = `DELETE FROM ` + q.table + ` WHERE `
+	} else {
+		args = append(q.clock.args(q.d.clock(b.now), 1), args...)
 	}
 	query, args = q.d.literal(q.bind(query+match+` AND locked_by = ?`), append(args, owner))
 	res, err := ex.ExecContext(ctx, query, args...)
@@ -479,23 +578,24 @@ func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b done
 
 // markRetry records failed deliveries that will be retried at next, and appends rec to their
 // histories.
-func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids []int64, lastError string, next time.Time, rec attemptRecord) error {
-	head := []any{lastError, next}
+// The retry time is backoff after the database's current time (the worker's, now, where it is taken).
+func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time, backoff time.Duration, rec attemptRecord) error {
+	head := append([]any{lastError}, q.clock.laterArgs(q.d.clock(now), backoff, true)...)
 	if q.history > 0 {
 		head = append(head, rec.entry(owner))
 	}
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = ?, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = `+q.clock.by+`, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
 		head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
 // markDead records events given up on after a failed delivery, and appends rec to their histories.
 func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time, rec attemptRecord) error {
-	head := []any{lastError, now}
+	head := append([]any{lastError}, q.clock.args(q.d.clock(now), 1)...)
 	if q.history > 0 {
 		head = append(head, rec.entry(owner))
 	}
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = `+q.clock.now+`, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
 		head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
@@ -504,8 +604,8 @@ func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []
 // appends nothing to their histories: no delivery was attempted (a row taken over from an unfinished
 // delivery got that delivery's entry from its claim).
 func (q *relaySQL) bury(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = ?, attempts = attempts - 1, locked_by = NULL, locked_until = NULL WHERE `,
-		[]any{lastError, now}, ids, ` AND locked_by = ?`, owner)
+	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = `+q.clock.now+`, attempts = attempts - 1, locked_by = NULL, locked_until = NULL WHERE `,
+		append([]any{lastError}, q.clock.args(q.d.clock(now), 1)...), ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
@@ -520,12 +620,15 @@ func (q *relaySQL) countAttempt(ctx context.Context, ex execer, owner string, id
 	return err
 }
 
-// renew extends the lease of the given rows that are still the owner's, and returns how many it
-// extended; on PostgreSQL also where each now is (an UPDATE moves a row to a new ctid).
-func (q *relaySQL) renew(ctx context.Context, owner string, ids []int64, until time.Time) (moved map[int64]string, n int64, err error) {
+// renew extends the lease of the given rows that are still the owner's by q.lease from the database's
+// current time (now is the worker's, for a dialect that takes it), and returns how many it extended;
+// on PostgreSQL also where each now is (an UPDATE moves a row to a new ctid).
+func (q *relaySQL) renew(ctx context.Context, owner string, ids []int64, now time.Time) (moved map[int64]string, n int64, err error) {
 	in, idArgs := q.idList(ids)
-	query := `UPDATE ` + q.table + ` SET locked_until = ? WHERE ` + in + ` AND locked_by = ?`
-	return q.d.renew(ctx, q.db, q.bind(query), append(append([]any{until}, idArgs...), owner))
+	query := `UPDATE ` + q.table + ` SET locked_until = ` + q.clock.later(q.lease) + ` WHERE ` + in + ` AND locked_by = ?`
+	args := append(q.clock.laterArgs(q.d.clock(now), q.lease, false), idArgs...)
+	query, args = q.d.literal(q.bind(query), append(args, owner))
+	return q.d.renew(ctx, q.db, query, args)
 }
 
 // execRenew is renew for databases that address rows by id alone.

@@ -20,7 +20,7 @@ func (d *sqliteRelay) build(_ *relaySQL, p claimParts) {
 	d.claimUpdate = p.stamp + `id IN (` + p.pickUnion("id") + `) RETURNING ` + returnedColumns
 }
 
-func (d *sqliteRelay) claim(ctx context.Context, q *relaySQL, owner string, now, leaseUntil time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
+func (d *sqliteRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
 	err = q.inTx(ctx, func(tx *sql.Tx) error {
 		if prev != nil {
 			var err error
@@ -28,7 +28,7 @@ func (d *sqliteRelay) claim(ctx context.Context, q *relaySQL, owner string, now,
 				return err
 			}
 		}
-		rows, err := tx.QueryContext(ctx, d.claimUpdate, q.claimArgs(owner, now, leaseUntil)...)
+		rows, err := tx.QueryContext(ctx, d.claimUpdate, q.claimArgs(owner, now)...)
 		if err != nil {
 			return err
 		}
@@ -60,6 +60,10 @@ func (*sqliteRelay) tryLock(context.Context, *sql.Conn, string) (func(), bool, e
 }
 
 func (*sqliteRelay) clock(now time.Time) time.Time { return now }
+
+// timeSQL takes the worker's clock: a SQLite database is a file of one host, whose relays share its
+// clock, and SQLite stores times as text, which the driver writes from the bound times.
+func (*sqliteRelay) timeSQL(context.Context, *sql.DB) (dbTime, error) { return boundTime, nil }
 
 func (*sqliteRelay) listens() bool { return false }
 

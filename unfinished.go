@@ -3,6 +3,7 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -80,8 +81,9 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 		r := c.rows[i]
 		// Found by id: the statements before (this one's attempt, renewals) moved it on PostgreSQL.
 		r.ctid = ""
-		if ctx.Err() != nil {
-			// Stopping: the rest were not started, and their attempts were given back already.
+		if ctx.Err() != nil || !w.leaseLive(held) {
+			// Stopping, or the lease ran out (renewals failed): the rest were not started, and their
+			// attempts were given back already.
 			ids := rowIDs(c.rows[i:])
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 			err := w.sql.countAttempt(fctx, w.sql.db, w.owner, ids, 0)
@@ -101,9 +103,12 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 			}
 			r.msg.Attempt++
 		}
-		out := w.deliver(ctx, []Message{r.msg})
+		lctx, stop := w.leaseContext(ctx, held)
+		out := w.deliver(lctx, []Message{r.msg})
+		ranOut := errors.Is(context.Cause(lctx), errLeaseRanOut)
+		stop()
 		one := BatchResult{}
-		if _, err := w.finish(ctx, []claimedRow{r}, out, &one); err != nil {
+		if _, err := w.finish(ctx, []claimedRow{r}, out, &one, ranOut); err != nil {
 			return published, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
 		}
 		published += len(one.Published)

@@ -45,7 +45,14 @@ type Worker struct {
 
 	prepareMu sync.Mutex
 	prepared  bool
+
+	// skew is added to the worker's wall clock, the time it gives statements that take it (SQLite's,
+	// and attempt histories): set by tests, to play a host whose clock is off.
+	skew time.Duration
 }
+
+// wallClock is the worker's wall-clock time of t, in UTC, as it gives it to statements.
+func (w *Worker) wallClock(t time.Time) time.Time { return t.UTC().Add(w.skew) }
 
 // maxPublishBackoff caps Run's pause after a batch the broker took none of (unless the poll interval
 // is longer): during an outage the worker tries again at most this often, and after it, new events
@@ -106,7 +113,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 	w.pipeline = !w.cfg.keyOrdering
 	w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 	var err error
-	if w.sql, err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history); err != nil {
+	if w.sql, err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history, w.cfg.lease); err != nil {
 		return fail(err)
 	}
 	return w, nil
@@ -279,6 +286,9 @@ type claimedBatch struct {
 	// alone: the rows were taken over from unfinished deliveries; each is published and recorded on
 	// its own (deliverAlone).
 	alone bool
+	// handBack: the lease ran out before or during the publish; what was not published is handed
+	// back without counting the attempt.
+	handBack bool
 }
 
 // claimBatch claims the next batch, marking prev done in the same statement or transaction (and
@@ -294,7 +304,6 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	}
 	c := &claimedBatch{}
 	start := time.Now()
-	now := start.UTC()
 	var prevDone *doneBatch
 	if prev != nil {
 		d := w.done(prev)
@@ -306,9 +315,14 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 		rows   []claimedRow
 		marked int64
 		err    error
+		sent   time.Time
 	)
 	for try := 1; ; try++ {
-		rows, marked, err = w.sql.claim(cctx, w.owner, now, now.Add(w.cfg.lease), prevDone, w.cfg.deleteOnPublish)
+		// The lease the database stamps starts no earlier than the claim is sent: on this worker's
+		// monotonic clock, it ends no earlier than sent plus the lease, whatever the clocks of the
+		// database and of other relays say, and however late the answer comes.
+		sent = time.Now()
+		rows, marked, err = w.sql.claim(cctx, w.owner, w.wallClock(sent), prevDone, w.cfg.deleteOnPublish)
 		if err == nil || try == claimTries || !w.sql.d.retryable(err) || cctx.Err() != nil {
 			break
 		}
@@ -331,7 +345,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	if len(rows) == 0 {
 		return c, nil
 	}
-	c.lease = w.hold(rows, now, now.Add(w.cfg.lease))
+	c.lease = w.hold(rows, sent, sent.Add(w.cfg.lease))
 	c.msgs = make([]Message, len(rows))
 	for i, r := range rows {
 		c.msgs[i] = r.msg
@@ -356,7 +370,7 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 	var good []claimedRow
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	now := time.Now().UTC()
+	now := w.wallClock(time.Now())
 	for _, r := range rows {
 		if !w.unpublishable(r) {
 			good = append(good, r)
@@ -388,12 +402,34 @@ func (w *Worker) unpublishable(r claimedRow) bool {
 	return r.undecodable != nil || r.msg.Attempt > w.cfg.maxAttempts
 }
 
-// publishBatch publishes a claimed batch, recording what became of each message.
+// publishBatch publishes a claimed batch, recording what became of each message. A batch whose lease
+// has run out on the worker's clock — its claim's answer came late, or its renewals failed — is not
+// published, and a publish is cut short when the lease runs out meanwhile: another relay may have
+// taken the rows over. Such a batch is handed back, its attempt not counted (handBack).
 func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) {
 	start := time.Now()
-	c.out = w.deliver(ctx, c.msgs)
-	c.res.PublishDuration = time.Since(start)
+	defer func() { c.res.PublishDuration = time.Since(start) }()
+	if !w.leaseLive(c.lease) {
+		c.out = make([]delivery, len(c.msgs))
+		markUnsent(c.out, errLeaseRanOutFirst)
+		c.handBack = true
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the lease of a claimed batch ran out before its publish started (the claim's answer came late, or renewals failed); handing it back unpublished",
+			slog.String("worker", w.owner), slog.Int("events", len(c.msgs)))
+		return
+	}
+	lctx, stop := w.leaseContext(ctx, c.lease)
+	c.out = w.deliver(lctx, c.msgs)
+	if errors.Is(context.Cause(lctx), errLeaseRanOut) {
+		c.handBack = true
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the lease of a batch ran out during its publish (renewals failed); handing back what was not published",
+			slog.String("worker", w.owner), slog.Int("events", len(c.msgs)))
+	}
+	stop()
 }
+
+// errLeaseRanOutFirst is the outcome of the messages of a batch whose lease ran out before its
+// publish started.
+var errLeaseRanOutFirst = errors.New("outboxplugin: the lease ran out before the publish started")
 
 // firstFew returns at most the first five of ids, for a log line.
 func firstFew(ids []string) []string {

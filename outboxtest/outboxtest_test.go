@@ -235,3 +235,80 @@ func TestProxyMute(t *testing.T) {
 		t.Fatalf("after Mute(false): %q, %v", buf, err)
 	}
 }
+
+// A black-holed proxy forwards nothing either way and closes nothing — open connections and new
+// ones alike — and delivers what waited once the black hole ends.
+func TestProxyBlackhole(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	received := make(chan string, 8)
+	go func() { // an echo server that also reports what it received
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						received <- string(buf[:n])
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p, err := outboxtest.NewProxy(ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	open, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+
+	p.Blackhole(true)
+	fresh, err := net.DialTimeout("tcp", p.Addr(), 5*time.Second) // accepted, never answered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	for _, c := range []net.Conn{open, fresh} {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case got := <-received:
+		t.Fatalf("the server received %q through a black hole", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+	for _, c := range []net.Conn{open, fresh} {
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		buf := make([]byte, 4)
+		if n, err := c.Read(buf); err == nil || n > 0 {
+			t.Fatalf("a black hole answered %q", buf[:n])
+		} else if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+			t.Fatalf("a black hole closed the connection: %v", err)
+		}
+	}
+	p.Blackhole(false)
+	for _, c := range []net.Conn{open, fresh} {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+			t.Fatalf("after Blackhole(false): %q, %v", buf, err)
+		}
+	}
+}

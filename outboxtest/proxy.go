@@ -2,26 +2,28 @@ package outboxtest
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"sync"
 )
 
 // Proxy is a TCP proxy on loopback that a test puts between a client and a real server, then cuts
 // (every connection dropped, new ones refused) and restores, to play a server outage or a lost
-// connection without touching the server; or mutes (what the server sends is held back, what the
-// client sends still flows), to play a server that takes requests and never answers.
+// connection without touching the server; mutes (what the server sends is held back, what the
+// client sends still flows), to play a server that takes requests and never answers; or black-holes
+// (nothing flows either way and nothing is closed), to play a network partition that drops packets
+// instead of resetting connections.
 type Proxy struct {
 	target string
 	ln     net.Listener
 
-	mu     sync.Mutex
-	cond   *sync.Cond // signalled when muted, cut or closed change
-	cut    bool
-	muted  bool
-	closed bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
+	mu         sync.Mutex
+	cond       *sync.Cond // signalled when muted, cut or closed change
+	cut        bool
+	muted      bool
+	blackholed bool
+	closed     bool
+	conns      map[net.Conn]struct{}
+	wg         sync.WaitGroup
 }
 
 // NewProxy listens on a free loopback port and forwards each connection to target (host:port).
@@ -61,6 +63,17 @@ func (p *Proxy) Mute(on bool) {
 	p.cond.Broadcast()
 }
 
+// Blackhole, while on, forwards nothing in either direction on open connections and leaves new ones
+// accepted but unanswered, closing nothing: what each side sends waits, as packets a partitioned
+// network drops would, and is delivered when Blackhole(false) comes (TCP's retransmission after the
+// partition heals). A client sees its statements hang, not fail, until its own timeouts.
+func (p *Proxy) Blackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackholed = on
+	p.cond.Broadcast()
+}
+
 // Restore forwards new connections again.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
@@ -97,20 +110,30 @@ func (p *Proxy) accept() {
 			client.Close()
 			continue
 		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			client.Close()
-			continue
-		}
-		if !p.track(client, server) {
-			client.Close()
-			server.Close()
-			continue
-		}
-		p.wg.Add(2)
-		go p.pipe(server, client)
-		go p.pipeFromServer(client, server)
+		p.wg.Add(1)
+		go p.connect(client)
 	}
+}
+
+// connect dials the server for a client that connected, once no black hole is in the way.
+func (p *Proxy) connect(client net.Conn) {
+	defer p.wg.Done()
+	if !p.track(client) || !p.waitForward(false) {
+		p.untrack(client, client)
+		return
+	}
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		p.untrack(client, client)
+		return
+	}
+	if !p.track(server) {
+		p.untrack(client, server)
+		return
+	}
+	p.wg.Add(2)
+	go p.pipe(server, client)
+	go p.pipeFromServer(client, server)
 }
 
 // track registers a connection pair unless the proxy was cut or closed meanwhile.
@@ -127,7 +150,7 @@ func (p *Proxy) track(conns ...net.Conn) bool {
 }
 
 // pipeFromServer copies what the server sends to the client, holding it back while the proxy is
-// muted, until either connection ends; then it closes both.
+// muted or black-holed, until either connection ends; then it closes both.
 func (p *Proxy) pipeFromServer(client, server net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client, server)
@@ -135,7 +158,7 @@ func (p *Proxy) pipeFromServer(client, server net.Conn) {
 	for {
 		n, err := server.Read(buf)
 		if n > 0 {
-			if !p.waitUnmuted() {
+			if !p.waitForward(true) {
 				return
 			}
 			if _, werr := client.Write(buf[:n]); werr != nil {
@@ -148,11 +171,12 @@ func (p *Proxy) pipeFromServer(client, server net.Conn) {
 	}
 }
 
-// waitUnmuted blocks while the proxy is muted; it reports false once the proxy is cut or closed.
-func (p *Proxy) waitUnmuted() bool {
+// waitForward blocks while the proxy holds back what flows in one direction (from the server: muted
+// or black-holed; to it: black-holed); it reports false once the proxy is cut or closed.
+func (p *Proxy) waitForward(fromServer bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.muted && !p.cut && !p.closed {
+	for (p.blackholed || fromServer && p.muted) && !p.cut && !p.closed {
 		p.cond.Wait()
 	}
 	return !p.cut && !p.closed
@@ -168,10 +192,24 @@ func (p *Proxy) untrack(a, b net.Conn) {
 	p.mu.Unlock()
 }
 
-// pipe copies src to dst until either ends, then closes both.
+// pipe copies what the client (src) sends to the server (dst), holding it back while the proxy is
+// black-holed, until either connection ends; then it closes both.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	// io.Copy ends at EOF or on a closed or failed connection: either way the pair is done.
-	_, _ = io.Copy(dst, src)
-	p.untrack(dst, src)
+	defer p.untrack(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.waitForward(false) {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
