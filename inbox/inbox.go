@@ -18,8 +18,13 @@
 // Concurrent deliveries of one message do not wait for each other: exactly one runs its handler, and
 // the others return ErrInProgress at once (PostgreSQL: a transaction-level advisory lock tried without
 // waiting; MySQL/MariaDB: a named lock, GET_LOCK with a timeout of 0; SQLite, whose writers are
-// serialised anyway: a lock in the process). The record is the message id as the publishers send it:
-// see the MessageID helpers of each publisher package. Guide:
+// serialised anyway: a lock in the process). A delivery leaves no lock behind, whatever becomes of it:
+// a handler that fails, panics or outlives its context's deadline lets the next delivery run, through
+// any connection or process. Locks are per inbox table, so two databases on one server (or two schemas
+// of one database) never block each other.
+//
+// The record is the message id as the publishers send it: see the MessageID helpers of each
+// publisher package. Guide:
 // https://github.com/gorm-outbox/outboxplugin/blob/main/docs/consuming.md
 package inbox
 
@@ -27,7 +32,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"regexp"
 	"strings"
 	"sync"
@@ -44,7 +48,7 @@ const DefaultTableName = "outbox_inbox"
 const DefaultRetention = 7 * 24 * time.Hour
 
 // MaxKeyLength bounds the consumer name and the message id, in characters: together they form the
-// table's primary key, which MySQL limits to 3072 bytes.
+// table's primary key, which MySQL limits to 3072 bytes (191 characters of up to 4 bytes each).
 const MaxKeyLength = 191
 
 var (
@@ -72,6 +76,9 @@ type Inbox struct {
 	dialect   string
 	retention time.Duration
 	locks     *keyLocks // the deliveries this Inbox is handling now
+
+	scopeMu sync.Mutex
+	scope   string // the table's place on its server, read once: see lockScope
 }
 
 // Option configures an Inbox.
@@ -141,6 +148,12 @@ func (in *Inbox) AutoMigrate(ctx context.Context) error {
 // (and no error) when an earlier delivery was handled, ErrInProgress (wrapped) when another delivery
 // is being handled right now, and fn's error (wrapped) when fn failed: its effects and the record are
 // rolled back, so a redelivery runs it again. fn must do its work through tx.
+//
+// Whatever becomes of the delivery — fn fails or panics (the panic goes on to the caller), ctx ends
+// inside fn — it leaves no lock behind: the next delivery of the message, through any connection or
+// process, runs fn. When ctx ends inside fn the transaction does not commit (fn's effects and the
+// record are rolled back) and Handle returns an error; the work of leaving no lock behind is done
+// under a context of its own, for at most 5 seconds more.
 func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func(tx *gorm.DB) error) (bool, error) {
 	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("inbox: %s/%s: %w", consumer, messageID, err)
@@ -161,15 +174,21 @@ func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func
 	defer in.locks.unlock(key)
 
 	db := in.db.WithContext(ctx)
-	sum := lockKey(key)
+	scope, err := in.lockScope(db)
+	if err != nil {
+		return fail(err)
+	}
+	digest := lockDigest(scope, consumer, messageID)
 	var ran bool
-	err := in.lockAcrossProcesses(db, sum, func(conn *gorm.DB) error {
+	handle := func(conn *gorm.DB) error {
 		return conn.Transaction(func(tx *gorm.DB) error {
 			if in.dialect == "postgres" {
 				// A transaction-level advisory lock, tried without waiting: released by this
-				// transaction's COMMIT or ROLLBACK, once its record is visible to the next taker.
+				// transaction's COMMIT or ROLLBACK, once its record is visible to the next taker. A
+				// transaction whose context ends is rolled back by database/sql, and one whose
+				// statement is cut off is cancelled on the server by the driver: the lock goes with it.
 				var got bool
-				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?)`, int64(sum)).Scan(&got).Error; err != nil {
+				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?)`, advisoryLockKey(digest)).Scan(&got).Error; err != nil {
 					return err
 				}
 				if !got {
@@ -189,7 +208,12 @@ func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func
 			ran = true
 			return nil
 		})
-	})
+	}
+	if in.dialect == "mysql" {
+		err = in.withNamedLock(ctx, db, namedLock(digest), handle)
+	} else {
+		err = handle(db)
+	}
 	var he handlerError
 	switch {
 	case err == nil:
@@ -254,7 +278,7 @@ func checkKey(consumer, messageID string) error {
 // insertSQL writes the record unless one is there, affecting no row then. Never a plain INSERT that
 // fails on the duplicate: on PostgreSQL that error would abort the transaction.
 func (in *Inbox) insertSQL() string {
-	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
+	t := in.quotedTable()
 	if in.dialect == "mysql" {
 		// IGNORE turns only the duplicate key into a warning here: the key's lengths are checked
 		// before, so nothing is truncated.
@@ -263,57 +287,9 @@ func (in *Inbox) insertSQL() string {
 	return `INSERT INTO ` + t + ` (consumer, message_id, handled_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`
 }
 
-// lockKey is the 64-bit hash of key that names its lock on the database.
-func lockKey(key string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte("outboxplugin inbox\x00" + key))
-	return h.Sum64()
-}
-
-// lockAcrossProcesses runs fn while this session holds the named lock of key on MySQL/MariaDB, or
-// returns ErrInProgress without waiting when another session holds it: GET_LOCK with a timeout of 0,
-// on one connection kept for fn's transaction and released after it has ended, so a delivery that
-// gets the lock sees the record of any delivery before it that committed. On PostgreSQL the lock is
-// taken inside the transaction (see Handle); SQLite has the process's lock only.
-func (in *Inbox) lockAcrossProcesses(db *gorm.DB, sum uint64, fn func(conn *gorm.DB) error) error {
-	if in.dialect != "mysql" {
-		return fn(db)
-	}
-	name := fmt.Sprintf("outboxplugin_inbox_%016x", sum)
-	return db.Connection(func(conn *gorm.DB) error {
-		var got *int64
-		if err := conn.Raw(`SELECT GET_LOCK(?, 0)`, name).Scan(&got).Error; err != nil {
-			return err
-		}
-		if got == nil || *got != 1 {
-			return ErrInProgress
-		}
-		// Released on this connection whatever fn did; a lost connection releases it too.
-		defer conn.Exec(`DO RELEASE_LOCK(?)`, name)
-		return fn(conn)
-	})
-}
-
-// keyLocks is the set of keys an Inbox is handling.
-type keyLocks struct {
-	mu   sync.Mutex
-	held map[string]struct{}
-}
-
-func (l *keyLocks) tryLock(key string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := l.held[key]; ok {
-		return false
-	}
-	l.held[key] = struct{}{}
-	return true
-}
-
-func (l *keyLocks) unlock(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.held, key)
+// quotedTable is the inbox table's name quoted for SQL.
+func (in *Inbox) quotedTable() string {
+	return (&gorm.Statement{DB: in.db}).Quote(in.table)
 }
 
 // cleanupBatch is how many records one statement of Cleanup deletes: short statements, so that
@@ -331,7 +307,7 @@ func (in *Inbox) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 		olderThan = in.retention
 	}
 	cutoff := time.Now().UTC().Add(-olderThan)
-	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
+	t := in.quotedTable()
 	var query string
 	switch in.dialect {
 	case "postgres": // by ctid through the handled_at index: PostgreSQL's DELETE has no LIMIT
