@@ -99,7 +99,7 @@ func forEachServer(t *testing.T, test func(t *testing.T, db *gorm.DB, reopen fun
 
 // newDatabase makes an empty database of t's own (a file on SQLite), dropped when t ends, and
 // returns its DSN.
-func (tg target) newDatabase(t *testing.T) string {
+func (tg target) newDatabase(t testing.TB) string {
 	t.Helper()
 	if tg.server == nil {
 		return "file:" + filepath.Join(t.TempDir(), "inbox-"+randomHex()+".db") + "?_busy_timeout=5000&_journal_mode=WAL"
@@ -108,7 +108,7 @@ func (tg target) newDatabase(t *testing.T) string {
 }
 
 // openDB opens a pool of dsn, closed when t ends.
-func (tg target) openDB(t *testing.T, dsn string) *gorm.DB {
+func (tg target) openDB(t testing.TB, dsn string) *gorm.DB {
 	t.Helper()
 	db, err := gorm.Open(tg.open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
@@ -119,7 +119,7 @@ func (tg target) openDB(t *testing.T, dsn string) *gorm.DB {
 }
 
 // serverDB creates a database of t's own on s, dropped when t ends, and returns its DSN.
-func serverDB(t *testing.T, s server) string {
+func serverDB(t testing.TB, s server) string {
 	t.Helper()
 	admin, err := sql.Open(s.driver, s.dsn)
 	if err == nil {

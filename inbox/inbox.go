@@ -23,8 +23,10 @@
 // any connection or process. Locks are per inbox table, so two databases on one server (or two schemas
 // of one database) never block each other.
 //
-// The record is the message id as the publishers send it: see the MessageID helpers of each
-// publisher package. Guide:
+// Consumer names and message ids are compared exactly, byte for byte, on every database: "AbC-1",
+// "abc-1" and "abc-1 " are three messages. The table AutoMigrate makes ensures it (on MySQL and MariaDB
+// with binary columns), and AutoMigrate converts a table made before. The record is the message id as
+// the publishers send it: see the MessageID helpers of each publisher package. Guide:
 // https://github.com/gorm-outbox/outboxplugin/blob/main/docs/consuming.md
 package inbox
 
@@ -36,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -56,13 +59,24 @@ var (
 	// at this moment. Its outcome is not known yet: if it fails, the message must be handled again, so
 	// do not acknowledge this delivery (nack it, or let it be redelivered).
 	ErrInProgress = errors.New("inbox: the message is being handled by another delivery")
-	// ErrInvalidKey is returned for an empty or too long consumer name or message id.
+	// ErrInvalidKey is returned for a consumer name or message id that is empty, longer than
+	// MaxKeyLength characters, not UTF-8, or holds a NUL character: none could be stored exactly as it
+	// is on every database.
 	ErrInvalidKey = errors.New("inbox: invalid consumer name or message id")
+	// ErrInexactTable is returned by Handle when the inbox table takes the consumer name and message
+	// id for those of a record that differs from them — a table made before the inbox compared them
+	// exactly, which on MySQL and MariaDB compares by its collation (case, accents and trailing spaces
+	// ignored). The message is neither handled nor skipped: run AutoMigrate, which converts the table,
+	// and let it be redelivered.
+	ErrInexactTable = errors.New("inbox: the inbox table does not compare ids exactly: run AutoMigrate")
 	// ErrInvalidOption is returned by New for an option it cannot use.
 	ErrInvalidOption = errors.New("inbox: invalid option")
 )
 
-// Record is a row of the inbox table: a message a consumer has handled.
+// Record is a row of the inbox table: a message a consumer has handled. Make the table with
+// AutoMigrate (or the statements of PlanMigration), not with GORM's migrator: on MySQL and MariaDB the
+// table GORM makes from Record compares ids by its collation, and Handle returns ErrInexactTable for
+// the ids it confuses.
 type Record struct {
 	Consumer  string    `gorm:"primaryKey;size:191;not null"`
 	MessageID string    `gorm:"primaryKey;size:191;not null"`
@@ -135,14 +149,6 @@ func New(db *gorm.DB, opts ...Option) (*Inbox, error) {
 	return in, nil
 }
 
-// AutoMigrate creates the inbox table (primary key (consumer, message_id), index on handled_at).
-func (in *Inbox) AutoMigrate(ctx context.Context) error {
-	if err := in.db.WithContext(ctx).Table(in.table).AutoMigrate(&Record{}); err != nil {
-		return fmt.Errorf("inbox: migrate %s: %w", in.table, err)
-	}
-	return nil
-}
-
 // Handle runs fn in a transaction of the inbox's database with the record of (consumer, messageID),
 // unless a record is already there. It returns true when fn ran and its transaction committed, false
 // (and no error) when an earlier delivery was handled, ErrInProgress (wrapped) when another delivery
@@ -154,6 +160,10 @@ func (in *Inbox) AutoMigrate(ctx context.Context) error {
 // process, runs fn. When ctx ends inside fn the transaction does not commit (fn's effects and the
 // record are rolled back) and Handle returns an error; the work of leaving no lock behind is done
 // under a context of its own, for at most 5 seconds more.
+//
+// Consumer and messageID are compared exactly, byte for byte, with those of the records: on a table
+// that cannot (made before AutoMigrate converted it), an id it confuses with another record's is
+// ErrInexactTable, never skipped as handled.
 func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func(tx *gorm.DB) error) (bool, error) {
 	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("inbox: %s/%s: %w", consumer, messageID, err)
@@ -200,7 +210,7 @@ func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func
 				return res.Error
 			}
 			if res.RowsAffected == 0 {
-				return errDuplicate // handled before: roll back, run nothing
+				return in.duplicate(tx, consumer, messageID) // roll back, run nothing
 			}
 			if err := fn(tx); err != nil {
 				return handlerError{err}
@@ -263,16 +273,43 @@ type handlerError struct{ err error }
 func (e handlerError) Error() string { return e.err.Error() }
 func (e handlerError) Unwrap() error { return e.err }
 
+// checkKey refuses what no database stores exactly as it is: PostgreSQL refuses a NUL and bytes that
+// are not UTF-8, and MySQL's text columns would cut them off.
 func checkKey(consumer, messageID string) error {
 	for _, s := range []struct{ what, v string }{{"consumer name", consumer}, {"message id", messageID}} {
-		if s.v == "" {
+		switch {
+		case s.v == "":
 			return fmt.Errorf("%w: empty %s", ErrInvalidKey, s.what)
+		case !utf8.ValidString(s.v):
+			return fmt.Errorf("%w: %s %q is not UTF-8", ErrInvalidKey, s.what, s.v)
+		case strings.IndexByte(s.v, 0) >= 0:
+			return fmt.Errorf("%w: %s %q holds a NUL character", ErrInvalidKey, s.what, s.v)
 		}
-		if n := len([]rune(s.v)); n > MaxKeyLength {
+		if n := utf8.RuneCountInString(s.v); n > MaxKeyLength {
 			return fmt.Errorf("%w: %s of %d characters, at most %d", ErrInvalidKey, s.what, n, MaxKeyLength)
 		}
 	}
 	return nil
+}
+
+// duplicate is the outcome of a record that could not be written because the table has one of that
+// key: errDuplicate when it is the record of (consumer, messageID) — handled before — and
+// ErrInexactTable when the table took another record's key for this one.
+func (in *Inbox) duplicate(tx *gorm.DB, consumer, messageID string) error {
+	var found []struct{ Consumer, MessageID string }
+	if err := tx.Raw(`SELECT consumer, message_id FROM `+in.quotedTable()+` WHERE consumer = ? AND message_id = ?`,
+		consumer, messageID).Scan(&found).Error; err != nil {
+		return err
+	}
+	for _, r := range found {
+		if r.Consumer == consumer && r.MessageID == messageID {
+			return errDuplicate
+		}
+	}
+	if len(found) == 0 {
+		return errDuplicate // deleted since by Cleanup: it was there, so the message was handled
+	}
+	return fmt.Errorf("%w: it takes them for those of the record %q/%q", ErrInexactTable, found[0].Consumer, found[0].MessageID)
 }
 
 // insertSQL writes the record unless one is there, affecting no row then. Never a plain INSERT that
