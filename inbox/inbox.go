@@ -190,20 +190,33 @@ func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func
 	}
 	digest := lockDigest(scope, consumer, messageID)
 	var ran bool
+	var pid int64 // the PostgreSQL session that took the advisory lock
+	if in.dialect == "postgres" {
+		defer func() { // also when fn panics
+			if pid != 0 && ctx.Err() != nil {
+				in.awaitAdvisoryRelease(ctx, advisoryLockKey(digest), pid)
+			}
+		}()
+	}
 	handle := func(conn *gorm.DB) error {
 		return conn.Transaction(func(tx *gorm.DB) error {
 			if in.dialect == "postgres" {
 				// A transaction-level advisory lock, tried without waiting: released by this
 				// transaction's COMMIT or ROLLBACK, once its record is visible to the next taker. A
 				// transaction whose context ends is rolled back by database/sql, and one whose
-				// statement is cut off is cancelled on the server by the driver: the lock goes with it.
-				var got bool
-				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?)`, advisoryLockKey(digest)).Scan(&got).Error; err != nil {
+				// statement is cut off is cancelled on the server by the driver: the lock goes with
+				// it, a moment later (awaitAdvisoryRelease).
+				var lock struct {
+					Got bool  `gorm:"column:got"`
+					PID int64 `gorm:"column:pid"`
+				}
+				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?) AS got, pg_backend_pid() AS pid`, advisoryLockKey(digest)).Scan(&lock).Error; err != nil {
 					return err
 				}
-				if !got {
+				if !lock.Got {
 					return ErrInProgress
 				}
+				pid = lock.PID
 			}
 			res := tx.Exec(in.insertSQL(), consumer, messageID, time.Now().UTC())
 			if res.Error != nil {

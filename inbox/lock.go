@@ -114,8 +114,8 @@ func namedLock(d [sha256.Size]byte) string {
 func (in *Inbox) withNamedLock(ctx context.Context, db *gorm.DB, name string, fn func(conn *gorm.DB) error) error {
 	return db.Connection(func(conn *gorm.DB) error {
 		var lock struct {
-			Got *int64
-			ID  int64
+			Got *int64 `gorm:"column:got"`
+			ID  int64  `gorm:"column:id"`
 		}
 		err := conn.Raw(`SELECT GET_LOCK(?, 0) AS got, CONNECTION_ID() AS id`, name).Scan(&lock).Error
 		if err == nil && (lock.Got == nil || *lock.Got != 1) {
@@ -158,5 +158,46 @@ func (in *Inbox) releaseNamedLock(ctx context.Context, conn *gorm.DB, name strin
 		return
 	}
 	// Ending one's own sessions needs no privilege; if it fails, the lock goes when the statement ends.
-	_ = in.db.WithContext(rctx).Exec(fmt.Sprintf("KILL %d", id)).Error
+	if in.db.WithContext(rctx).Exec(fmt.Sprintf("KILL %d", id)).Error != nil {
+		return
+	}
+	// The session ends soon after: return once it has, so that the next delivery finds the lock free.
+	awaitRelease(rctx, func(ctx context.Context) (bool, error) {
+		var holder *int64
+		err := in.db.WithContext(ctx).Raw(`SELECT IS_USED_LOCK(?)`, name).Scan(&holder).Error
+		return holder != nil && *holder == id, err
+	})
+}
+
+// awaitAdvisoryRelease returns once the PostgreSQL session pid holds the transaction-level advisory
+// lock key no more, or after cleanupTimeout. When the delivery's context ended, its transaction ends
+// on the server a moment after Handle's: database/sql rolls it back in a goroutine of its own, and a
+// statement cut off is cancelled by a request the driver sends from another. Waiting for it makes the
+// next delivery find the lock free.
+func (in *Inbox) awaitAdvisoryRelease(ctx context.Context, key, pid int64) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	// A bigint key shows in pg_locks as its high and low 32 bits, with objsubid 1.
+	hi, lo := int64(uint64(key)>>32), int64(uint64(key)&0xffffffff)
+	awaitRelease(rctx, func(ctx context.Context) (bool, error) {
+		var held bool
+		err := in.db.WithContext(ctx).Raw(`SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = ?
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND classid::bigint = ? AND objid::bigint = ? AND objsubid = 1)`, pid, hi, lo).Scan(&held).Error
+		return held, err
+	})
+}
+
+// awaitRelease calls held until it answers false or fails, or ctx ends.
+func awaitRelease(ctx context.Context, held func(context.Context) (bool, error)) {
+	for {
+		if h, err := held(ctx); err != nil || !h {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
