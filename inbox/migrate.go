@@ -24,8 +24,9 @@ const keyColumnMySQL = "varbinary(764)"
 //   - a MySQL or MariaDB table whose key columns compare by a collation (as the tables the inbox made
 //     before, through GORM's migrator from Record): converted to varbinary, keeping every record.
 //     Neither server changes the type of a key column without copying the table, so the conversion
-//     copies it (ALGORITHM=COPY, LOCK=SHARED): reads go on, and deliveries wait to write their record
-//     until it is done (docs/consuming.md has the time it takes, and how to keep it short).
+//     copies it (ALGORITHM=COPY), with the least lock the server can: MySQL and MariaDB before 11.2
+//     let reads go on, and deliveries wait to write their record until it is done (docs/consuming.md
+//     has the time it takes, and how to keep it short); MariaDB 11.2 and later copy online.
 //   - a table without the handled_at index: the index, built without holding up writes
 //     (CONCURRENTLY on PostgreSQL, in place on MySQL and MariaDB).
 //
@@ -77,7 +78,9 @@ func (in *Inbox) PlanMigration(ctx context.Context) ([]string, error) {
 			return fail(err)
 		}
 		if !exact {
-			plan = append(plan, `ALTER TABLE `+t+` MODIFY consumer `+keyColumnMySQL+` NOT NULL, MODIFY message_id `+keyColumnMySQL+` NOT NULL, ALGORITHM=COPY, LOCK=SHARED`)
+			// No LOCK clause: the least lock the server can copy under (SHARED before MariaDB 11.2
+			// and on MySQL; NONE, an online copy, from MariaDB 11.2).
+			plan = append(plan, `ALTER TABLE `+t+` MODIFY consumer `+keyColumnMySQL+` NOT NULL, MODIFY message_id `+keyColumnMySQL+` NOT NULL, ALGORITHM=COPY`)
 		}
 	}
 	if !m.HasIndex(in.table, index) {
