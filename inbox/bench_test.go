@@ -130,3 +130,48 @@ func createInexactTable(b *testing.B, db *gorm.DB, records int) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkHandle measures one delivery through Handle on each database: of a new message (the
+// handler writes one row) and of a message handled before (a redelivery, skipped).
+//
+//	OUTBOX_REQUIRE_DBS=1 go test -run '^$' -bench BenchmarkHandle -benchtime 2000x ./inbox
+func BenchmarkHandle(b *testing.B) {
+	for _, tg := range targets {
+		if tg.name == "mysql_noreturning" {
+			continue // the same statements as mysql
+		}
+		b.Run(tg.name, func(b *testing.B) {
+			db := tg.openDB(b, tg.newDatabase(b))
+			in, err := inbox.New(db)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := in.AutoMigrate(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			if err := db.AutoMigrate(&Invoice{}); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.Run("new", func(b *testing.B) {
+				run := randomHex() // the benchmark function runs more than once
+				for i := range b.N {
+					id := fmt.Sprint("new-", run, "-", i)
+					if ran, err := in.Handle(ctx, "billing", id, createInvoice(id)); err != nil || !ran {
+						b.Fatal(ran, err)
+					}
+				}
+			})
+			b.Run("redelivery", func(b *testing.B) {
+				if _, err := in.Handle(ctx, "billing", "handled", createInvoice("handled")); err != nil {
+					b.Fatal(err)
+				}
+				for range b.N {
+					if ran, err := in.Handle(ctx, "billing", "handled", createInvoice("handled")); err != nil || ran {
+						b.Fatal(ran, err)
+					}
+				}
+			})
+		})
+	}
+}
