@@ -27,28 +27,43 @@ func randomHex() string {
 	return hex.EncodeToString(b[:])
 }
 
+// server is a database server the tests make databases of their own on.
 type server struct {
 	name, driver, dsn string
 	// dbDSN is the DSN of database name on the server.
 	dbDSN func(name string) string
-	open  func(dsn string) gorm.Dialector
 }
 
-var servers = []server{
-	{
+var (
+	postgresServer = &server{
 		name: "postgres", driver: "pgx", dsn: envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable"),
 		dbDSN: func(name string) string {
 			return envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable") + " dbname=" + name
 		},
-		open: func(dsn string) gorm.Dialector { return postgres.Open(dsn) },
-	},
-	{
+	}
+	mysqlServer = &server{
 		name: "mysql", driver: "mysql", dsn: envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
 		dbDSN: func(name string) string {
 			return envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/") + name + "?parseTime=true"
 		},
-		open: func(dsn string) gorm.Dialector { return mysql.Open(dsn) },
-	},
+	}
+)
+
+// target is a way the tests drive a database: SQLite, PostgreSQL, MariaDB, and MariaDB driven the
+// way GORM drives MySQL 8 (no RETURNING; no MySQL 8 server can be had here).
+type target struct {
+	name   string
+	server *server // nil: SQLite
+	open   func(dsn string) gorm.Dialector
+}
+
+var targets = []target{
+	{name: "sqlite", open: func(dsn string) gorm.Dialector { return sqlite.Open(dsn) }},
+	{name: "postgres", server: postgresServer, open: func(dsn string) gorm.Dialector { return postgres.Open(dsn) }},
+	{name: "mysql", server: mysqlServer, open: func(dsn string) gorm.Dialector { return mysql.Open(dsn) }},
+	{name: "mysql_noreturning", server: mysqlServer, open: func(dsn string) gorm.Dialector {
+		return mysql.New(mysql.Config{DSN: dsn, DisableWithReturning: true})
+	}},
 }
 
 func envOr(k, def string) string {
@@ -58,34 +73,44 @@ func envOr(k, def string) string {
 	return def
 }
 
-// forEachDB runs test on SQLite and on each reachable server, each with an empty database of its own.
+// forEachDB runs test on each target, each with an empty database of its own.
 func forEachDB(t *testing.T, test func(t *testing.T, db *gorm.DB)) {
-	t.Run("sqlite", func(t *testing.T) {
-		path := filepath.Join(t.TempDir(), "inbox.db")
-		test(t, openDB(t, sqlite.Open("file:"+path+"?_busy_timeout=5000&_journal_mode=WAL")))
-	})
-	for _, s := range servers {
-		t.Run(s.name, func(t *testing.T) {
-			dsn := serverDB(t, s)
-			test(t, openDB(t, s.open(dsn)))
-		})
+	forEachTarget(t, func(t *testing.T, tg target) { test(t, tg.openDB(t, tg.newDatabase(t))) })
+}
+
+// forEachTarget runs test as a subtest of t for each target.
+func forEachTarget(t *testing.T, test func(t *testing.T, tg target)) {
+	for _, tg := range targets {
+		t.Run(tg.name, func(t *testing.T) { test(t, tg) })
 	}
 }
 
-// forEachServer runs test on each reachable server with a database of its own, and a function that
+// forEachServer runs test on each server target with a database of its own, and a function that
 // opens another pool of it (as another process would).
 func forEachServer(t *testing.T, test func(t *testing.T, db *gorm.DB, reopen func() *gorm.DB)) {
-	for _, s := range servers {
-		t.Run(s.name, func(t *testing.T) {
-			dsn := serverDB(t, s)
-			test(t, openDB(t, s.open(dsn)), func() *gorm.DB { return openDB(t, s.open(dsn)) })
-		})
-	}
+	forEachTarget(t, func(t *testing.T, tg target) {
+		if tg.server == nil {
+			t.Skip("SQLite has no lock across processes")
+		}
+		dsn := tg.newDatabase(t)
+		test(t, tg.openDB(t, dsn), func() *gorm.DB { return tg.openDB(t, dsn) })
+	})
 }
 
-func openDB(t *testing.T, d gorm.Dialector) *gorm.DB {
+// newDatabase makes an empty database of t's own (a file on SQLite), dropped when t ends, and
+// returns its DSN.
+func (tg target) newDatabase(t testing.TB) string {
 	t.Helper()
-	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	if tg.server == nil {
+		return "file:" + filepath.Join(t.TempDir(), "inbox-"+randomHex()+".db") + "?_busy_timeout=5000&_journal_mode=WAL"
+	}
+	return serverDB(t, *tg.server)
+}
+
+// openDB opens a pool of dsn, closed when t ends.
+func (tg target) openDB(t testing.TB, dsn string) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(tg.open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +119,7 @@ func openDB(t *testing.T, d gorm.Dialector) *gorm.DB {
 }
 
 // serverDB creates a database of t's own on s, dropped when t ends, and returns its DSN.
-func serverDB(t *testing.T, s server) string {
+func serverDB(t testing.TB, s server) string {
 	t.Helper()
 	admin, err := sql.Open(s.driver, s.dsn)
 	if err == nil {

@@ -18,8 +18,15 @@
 // Concurrent deliveries of one message do not wait for each other: exactly one runs its handler, and
 // the others return ErrInProgress at once (PostgreSQL: a transaction-level advisory lock tried without
 // waiting; MySQL/MariaDB: a named lock, GET_LOCK with a timeout of 0; SQLite, whose writers are
-// serialised anyway: a lock in the process). The record is the message id as the publishers send it:
-// see the MessageID helpers of each publisher package. Guide:
+// serialised anyway: a lock in the process). A delivery leaves no lock behind, whatever becomes of it:
+// a handler that fails, panics or outlives its context's deadline lets the next delivery run, through
+// any connection or process. Locks are per inbox table, so two databases on one server (or two schemas
+// of one database) never block each other.
+//
+// Consumer names and message ids are compared exactly, byte for byte, on every database: "AbC-1",
+// "abc-1" and "abc-1 " are three messages. The table AutoMigrate makes ensures it (on MySQL and MariaDB
+// with binary columns), and AutoMigrate converts a table made before. The record is the message id as
+// the publishers send it: see the MessageID helpers of each publisher package. Guide:
 // https://github.com/gorm-outbox/outboxplugin/blob/main/docs/consuming.md
 package inbox
 
@@ -27,11 +34,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -44,7 +51,7 @@ const DefaultTableName = "outbox_inbox"
 const DefaultRetention = 7 * 24 * time.Hour
 
 // MaxKeyLength bounds the consumer name and the message id, in characters: together they form the
-// table's primary key, which MySQL limits to 3072 bytes.
+// table's primary key, which MySQL limits to 3072 bytes (191 characters of up to 4 bytes each).
 const MaxKeyLength = 191
 
 var (
@@ -52,13 +59,24 @@ var (
 	// at this moment. Its outcome is not known yet: if it fails, the message must be handled again, so
 	// do not acknowledge this delivery (nack it, or let it be redelivered).
 	ErrInProgress = errors.New("inbox: the message is being handled by another delivery")
-	// ErrInvalidKey is returned for an empty or too long consumer name or message id.
+	// ErrInvalidKey is returned for a consumer name or message id that is empty, longer than
+	// MaxKeyLength characters, not UTF-8, or holds a NUL character: none could be stored exactly as it
+	// is on every database.
 	ErrInvalidKey = errors.New("inbox: invalid consumer name or message id")
+	// ErrInexactTable is returned by Handle when the inbox table takes the consumer name and message
+	// id for those of a record that differs from them — a table made before the inbox compared them
+	// exactly, which on MySQL and MariaDB compares by its collation (case, accents and trailing spaces
+	// ignored). The message is neither handled nor skipped: run AutoMigrate, which converts the table,
+	// and let it be redelivered.
+	ErrInexactTable = errors.New("inbox: the inbox table does not compare ids exactly: run AutoMigrate")
 	// ErrInvalidOption is returned by New for an option it cannot use.
 	ErrInvalidOption = errors.New("inbox: invalid option")
 )
 
-// Record is a row of the inbox table: a message a consumer has handled.
+// Record is a row of the inbox table: a message a consumer has handled. Make the table with
+// AutoMigrate (or the statements of PlanMigration), not with GORM's migrator: on MySQL and MariaDB the
+// table GORM makes from Record compares ids by its collation, and Handle returns ErrInexactTable for
+// the ids it confuses.
 type Record struct {
 	Consumer  string    `gorm:"primaryKey;size:191;not null"`
 	MessageID string    `gorm:"primaryKey;size:191;not null"`
@@ -72,6 +90,9 @@ type Inbox struct {
 	dialect   string
 	retention time.Duration
 	locks     *keyLocks // the deliveries this Inbox is handling now
+
+	scopeMu sync.Mutex
+	scope   string // the table's place on its server, read once: see lockScope
 }
 
 // Option configures an Inbox.
@@ -128,19 +149,21 @@ func New(db *gorm.DB, opts ...Option) (*Inbox, error) {
 	return in, nil
 }
 
-// AutoMigrate creates the inbox table (primary key (consumer, message_id), index on handled_at).
-func (in *Inbox) AutoMigrate(ctx context.Context) error {
-	if err := in.db.WithContext(ctx).Table(in.table).AutoMigrate(&Record{}); err != nil {
-		return fmt.Errorf("inbox: migrate %s: %w", in.table, err)
-	}
-	return nil
-}
-
 // Handle runs fn in a transaction of the inbox's database with the record of (consumer, messageID),
 // unless a record is already there. It returns true when fn ran and its transaction committed, false
 // (and no error) when an earlier delivery was handled, ErrInProgress (wrapped) when another delivery
 // is being handled right now, and fn's error (wrapped) when fn failed: its effects and the record are
 // rolled back, so a redelivery runs it again. fn must do its work through tx.
+//
+// Whatever becomes of the delivery — fn fails or panics (the panic goes on to the caller), ctx ends
+// inside fn — it leaves no lock behind: the next delivery of the message, through any connection or
+// process, runs fn. When ctx ends inside fn the transaction does not commit (fn's effects and the
+// record are rolled back) and Handle returns an error; the work of leaving no lock behind is done
+// under a context of its own, for at most 5 seconds more.
+//
+// Consumer and messageID are compared exactly, byte for byte, with those of the records: on a table
+// that cannot (made before AutoMigrate converted it), an id it confuses with another record's is
+// ErrInexactTable, never skipped as handled.
 func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func(tx *gorm.DB) error) (bool, error) {
 	fail := func(err error) (bool, error) {
 		return false, fmt.Errorf("inbox: %s/%s: %w", consumer, messageID, err)
@@ -161,27 +184,46 @@ func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func
 	defer in.locks.unlock(key)
 
 	db := in.db.WithContext(ctx)
-	sum := lockKey(key)
+	scope, err := in.lockScope(db)
+	if err != nil {
+		return fail(err)
+	}
+	digest := lockDigest(scope, consumer, messageID)
 	var ran bool
-	err := in.lockAcrossProcesses(db, sum, func(conn *gorm.DB) error {
+	var pid int64 // the PostgreSQL session that took the advisory lock
+	if in.dialect == "postgres" {
+		defer func() { // also when fn panics
+			if pid != 0 && ctx.Err() != nil {
+				in.awaitAdvisoryRelease(ctx, advisoryLockKey(digest), pid)
+			}
+		}()
+	}
+	handle := func(conn *gorm.DB) error {
 		return conn.Transaction(func(tx *gorm.DB) error {
 			if in.dialect == "postgres" {
 				// A transaction-level advisory lock, tried without waiting: released by this
-				// transaction's COMMIT or ROLLBACK, once its record is visible to the next taker.
-				var got bool
-				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?)`, int64(sum)).Scan(&got).Error; err != nil {
+				// transaction's COMMIT or ROLLBACK, once its record is visible to the next taker. A
+				// transaction whose context ends is rolled back by database/sql, and one whose
+				// statement is cut off is cancelled on the server by the driver: the lock goes with
+				// it, a moment later (awaitAdvisoryRelease).
+				var lock struct {
+					Got bool  `gorm:"column:got"`
+					PID int64 `gorm:"column:pid"`
+				}
+				if err := tx.Raw(`SELECT pg_try_advisory_xact_lock(?) AS got, pg_backend_pid() AS pid`, advisoryLockKey(digest)).Scan(&lock).Error; err != nil {
 					return err
 				}
-				if !got {
+				if !lock.Got {
 					return ErrInProgress
 				}
+				pid = lock.PID
 			}
 			res := tx.Exec(in.insertSQL(), consumer, messageID, time.Now().UTC())
 			if res.Error != nil {
 				return res.Error
 			}
 			if res.RowsAffected == 0 {
-				return errDuplicate // handled before: roll back, run nothing
+				return in.duplicate(tx, consumer, messageID) // roll back, run nothing
 			}
 			if err := fn(tx); err != nil {
 				return handlerError{err}
@@ -189,7 +231,12 @@ func (in *Inbox) Handle(ctx context.Context, consumer, messageID string, fn func
 			ran = true
 			return nil
 		})
-	})
+	}
+	if in.dialect == "mysql" {
+		err = in.withNamedLock(ctx, db, namedLock(digest), handle)
+	} else {
+		err = handle(db)
+	}
 	var he handlerError
 	switch {
 	case err == nil:
@@ -239,22 +286,49 @@ type handlerError struct{ err error }
 func (e handlerError) Error() string { return e.err.Error() }
 func (e handlerError) Unwrap() error { return e.err }
 
+// checkKey refuses what no database stores exactly as it is: PostgreSQL refuses a NUL and bytes that
+// are not UTF-8, and MySQL's text columns would cut them off.
 func checkKey(consumer, messageID string) error {
 	for _, s := range []struct{ what, v string }{{"consumer name", consumer}, {"message id", messageID}} {
-		if s.v == "" {
+		switch {
+		case s.v == "":
 			return fmt.Errorf("%w: empty %s", ErrInvalidKey, s.what)
+		case !utf8.ValidString(s.v):
+			return fmt.Errorf("%w: %s %q is not UTF-8", ErrInvalidKey, s.what, s.v)
+		case strings.IndexByte(s.v, 0) >= 0:
+			return fmt.Errorf("%w: %s %q holds a NUL character", ErrInvalidKey, s.what, s.v)
 		}
-		if n := len([]rune(s.v)); n > MaxKeyLength {
+		if n := utf8.RuneCountInString(s.v); n > MaxKeyLength {
 			return fmt.Errorf("%w: %s of %d characters, at most %d", ErrInvalidKey, s.what, n, MaxKeyLength)
 		}
 	}
 	return nil
 }
 
+// duplicate is the outcome of a record that could not be written because the table has one of that
+// key: errDuplicate when it is the record of (consumer, messageID) — handled before — and
+// ErrInexactTable when the table took another record's key for this one.
+func (in *Inbox) duplicate(tx *gorm.DB, consumer, messageID string) error {
+	var found []struct{ Consumer, MessageID string }
+	if err := tx.Raw(`SELECT consumer, message_id FROM `+in.quotedTable()+` WHERE consumer = ? AND message_id = ?`,
+		consumer, messageID).Scan(&found).Error; err != nil {
+		return err
+	}
+	for _, r := range found {
+		if r.Consumer == consumer && r.MessageID == messageID {
+			return errDuplicate
+		}
+	}
+	if len(found) == 0 {
+		return errDuplicate // deleted since by Cleanup: it was there, so the message was handled
+	}
+	return fmt.Errorf("%w: it takes them for those of the record %q/%q", ErrInexactTable, found[0].Consumer, found[0].MessageID)
+}
+
 // insertSQL writes the record unless one is there, affecting no row then. Never a plain INSERT that
 // fails on the duplicate: on PostgreSQL that error would abort the transaction.
 func (in *Inbox) insertSQL() string {
-	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
+	t := in.quotedTable()
 	if in.dialect == "mysql" {
 		// IGNORE turns only the duplicate key into a warning here: the key's lengths are checked
 		// before, so nothing is truncated.
@@ -263,57 +337,9 @@ func (in *Inbox) insertSQL() string {
 	return `INSERT INTO ` + t + ` (consumer, message_id, handled_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`
 }
 
-// lockKey is the 64-bit hash of key that names its lock on the database.
-func lockKey(key string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte("outboxplugin inbox\x00" + key))
-	return h.Sum64()
-}
-
-// lockAcrossProcesses runs fn while this session holds the named lock of key on MySQL/MariaDB, or
-// returns ErrInProgress without waiting when another session holds it: GET_LOCK with a timeout of 0,
-// on one connection kept for fn's transaction and released after it has ended, so a delivery that
-// gets the lock sees the record of any delivery before it that committed. On PostgreSQL the lock is
-// taken inside the transaction (see Handle); SQLite has the process's lock only.
-func (in *Inbox) lockAcrossProcesses(db *gorm.DB, sum uint64, fn func(conn *gorm.DB) error) error {
-	if in.dialect != "mysql" {
-		return fn(db)
-	}
-	name := fmt.Sprintf("outboxplugin_inbox_%016x", sum)
-	return db.Connection(func(conn *gorm.DB) error {
-		var got *int64
-		if err := conn.Raw(`SELECT GET_LOCK(?, 0)`, name).Scan(&got).Error; err != nil {
-			return err
-		}
-		if got == nil || *got != 1 {
-			return ErrInProgress
-		}
-		// Released on this connection whatever fn did; a lost connection releases it too.
-		defer conn.Exec(`DO RELEASE_LOCK(?)`, name)
-		return fn(conn)
-	})
-}
-
-// keyLocks is the set of keys an Inbox is handling.
-type keyLocks struct {
-	mu   sync.Mutex
-	held map[string]struct{}
-}
-
-func (l *keyLocks) tryLock(key string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if _, ok := l.held[key]; ok {
-		return false
-	}
-	l.held[key] = struct{}{}
-	return true
-}
-
-func (l *keyLocks) unlock(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.held, key)
+// quotedTable is the inbox table's name quoted for SQL.
+func (in *Inbox) quotedTable() string {
+	return (&gorm.Statement{DB: in.db}).Quote(in.table)
 }
 
 // cleanupBatch is how many records one statement of Cleanup deletes: short statements, so that
@@ -331,7 +357,7 @@ func (in *Inbox) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 		olderThan = in.retention
 	}
 	cutoff := time.Now().UTC().Add(-olderThan)
-	t := (&gorm.Statement{DB: in.db}).Quote(in.table)
+	t := in.quotedTable()
 	var query string
 	switch in.dialect {
 	case "postgres": // by ctid through the handled_at index: PostgreSQL's DELETE has no LIMIT
