@@ -53,6 +53,14 @@ func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
 	}
 }
 
+// UseAfterClaimLock makes w's MySQL/MariaDB claims call fn between taking their row locks and stamping
+// the rows, so that a test can cut the relay off there.
+func UseAfterClaimLock(w *Worker, fn func()) {
+	if d, ok := w.sql.d.(*mysqlRelay); ok {
+		d.afterLock = fn
+	}
+}
+
 // ClaimRetryable reports whether w runs a claim that failed with err again at once.
 func ClaimRetryable(w *Worker, err error) bool { return w.sql.d.retryable(err) }
 

@@ -3,6 +3,7 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,53 +12,89 @@ import (
 )
 
 // mysqlRelay is the relay's SQL on MySQL and MariaDB, which have no UPDATE … RETURNING and cannot
-// UPDATE a table through a LIMIT subquery on itself: a claim is a short transaction that reads the
-// rows with FOR UPDATE SKIP LOCKED, then UPDATEs the rows found.
+// UPDATE a table through a LIMIT subquery on itself: a claim is a short transaction that finds its
+// candidates without locks, locks them by primary key with SKIP LOCKED, and UPDATEs the rows it got.
 //
-// The due run is first read without locks, and only the rows it finds are then locked, by primary key.
-// At REPEATABLE READ a locking read takes a next-key lock on the first record past its range, and past
-// the due run (which is empty most of the time) comes the gap after the last fresh event, where every
-// new event goes: a locking read of it would hold up the application's inserts during every claim, and
-// deadlocked two relays whose marks move rows into the processed part of the index. The fresh run is
-// read with locks; its scan stops at the batch, and reaches the end of the run only when the relay
-// has caught up (see tx).
+// No claim statement reads a range under locks. At REPEATABLE READ a locking range scan takes
+// next-key locks, and the end of the claim index's runs is the gap where the application inserts its
+// next events: a claim there made the application's inserts wait, and made some of them deadlock
+// victims (InnoDB chose the application's transaction, which had written less). Candidates are read
+// from the transaction's snapshot instead (the due run, then twice a batch of the fresh run, so that
+// relays claiming at once find rows beyond each other's), and locked by primary key, which takes
+// record locks only; the lock re-reads each row as it is now, and one that another relay took or
+// finished meanwhile no longer matches (or is skipped while that relay holds it).
+//
+// With per-key ordering the snapshot would not do: a key's rows committed after it, or leased by
+// a relay whose claim committed after it, would be missed, and two relays could hand out events of
+// one key at once. So the claim also reads every unprocessed row of its candidates' keys and locks
+// them all: any row of the key another relay is claiming at that moment is then locked (and skipped),
+// and any lease committed since is seen; a key is claimed — its first unprocessed row, if it is due —
+// only when every row of it the claim saw is locked by it and none is leased. Two claims of one key
+// lock at least one row both saw, so one of them gives the key up (see pickKeyHeads).
 type mysqlRelay struct {
-	dueProbe, dueLock, freshSelect, claimStamp string
+	probe, lockDue, lockFresh, keyRows, lockRows, claimStamp string
 	// claimStampFresh is claimStamp for a batch of which no row was taken over from an expired lease:
 	// it leaves attempt_history alone, where claimStamp assigns it (to itself, but for such rows) in
 	// every row it stamps.
 	claimStampFresh string
+	// probeArgs, lockDueArgs, lockFreshArgs and lockRowsArgs are how many clock values each statement
+	// binds (only with the worker's clock).
+	probeArgs, lockDueArgs, lockFreshArgs, lockRowsArgs int
 
-	// tx are the options of a claim's transaction: nil, the server's default (REPEATABLE READ). At
-	// REPEATABLE READ a claim whose scan reaches the end of the claim index's fresh run locks the gap
-	// where the application's next events go, so their inserts wait for it; READ COMMITTED would not.
-	// Measured on MariaDB (docs/relay.md): READ COMMITTED brought the application's median Create
-	// during claims to 0.84-0.95 of its latency, and cut one worker's throughput to about 0.55 of its
-	// rate at REPEATABLE READ — a bad trade, so claims keep the default. BenchmarkInsertDuringClaims
-	// and BenchmarkRelayThroughput compare the two (UseClaimIsolation).
+	// tx are the options of a claim's transaction: nil, the server's default (REPEATABLE READ).
+	// BenchmarkInsertDuringClaims and BenchmarkRelayThroughput compare levels (UseClaimIsolation).
 	tx *sql.TxOptions
+	// afterLock, when set (by tests), runs in a claim between its locks and its stamp.
+	afterLock func()
 
 	db    *sql.DB
 	times timeLiterals
 }
+
+// keyedRowFlags are what the claim's locking read of per-key ordering's rows says of each row, as it
+// is now and on the database's clock.
+const keyedRowFlags = `, c.processed, (c.dead_at IS NOT NULL), (c.locked_until IS NOT NULL AND c.locked_until >= %[1]s), ` +
+	`(c.next_attempt_at IS NULL OR c.next_attempt_at <= %[1]s)`
 
 func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB sorts when
 	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
 		`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
-	const dueOrder = `c.next_attempt_at, c.created_at, c.id`
-	d.dueProbe = `SELECT c.id FROM ` + p.table + ` c WHERE ` + p.due + ` ORDER BY ` + dueOrder + p.limit
-	d.dueLock = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE c.id IN (%s) AND ` + p.due + ` ` + p.lock
-	// The fresh run takes what the due rows leave of the batch: its LIMIT is bound.
-	d.freshSelect = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id LIMIT ? ` + p.lock
+	window := ` LIMIT ` + strconv.Itoa(2*q.batchSize)
+	d.probe = `(SELECT c.id, 0, c.aggregate_type, c.aggregate_id FROM ` + p.table + ` c WHERE ` + p.due +
+		` ORDER BY c.next_attempt_at, c.created_at, c.id` + p.limit + `) UNION ALL ` +
+		`(SELECT c.id, 1, c.aggregate_type, c.aggregate_id FROM ` + p.table + ` c WHERE ` + p.fresh +
+		` ORDER BY c.created_at, c.id` + window + `)`
+	d.probeArgs = strings.Count(p.due+p.fresh, "?")
+	// Locked by primary key, in key order; the rows must still match what the probe found them to be.
+	d.lockDue = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE c.id IN (%s) AND ` + p.dueBase + ` ORDER BY c.id ` + p.lock
+	d.lockDueArgs = strings.Count(p.dueBase, "?")
+	// The fresh rows take what the due ones leave of the batch: its LIMIT is bound.
+	d.lockFresh = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE c.id IN (%s) AND ` + p.freshBase + ` ORDER BY c.id LIMIT ? ` + p.lock
+	d.lockFreshArgs = strings.Count(p.freshBase, "?")
+	// Per-key ordering: the unprocessed rows of the candidates' keys (the key index), then all of
+	// them locked, with how each is now.
+	d.keyRows = `SELECT c.id, c.aggregate_type, c.aggregate_id FROM ` + p.table + ` c WHERE c.processed = false AND ` +
+		`(c.aggregate_type, c.aggregate_id) IN (%s)`
+	flags := fmt.Sprintf(keyedRowFlags, q.clock.now)
+	d.lockRows = `SELECT ` + cols + flags + ` FROM ` + p.table + ` c WHERE c.id IN (%s) ORDER BY c.id ` + p.lock
+	d.lockRowsArgs = strings.Count(flags, "?")
 	d.claimStamp = p.stamp // + id IN (...)
 	d.claimStampFresh = p.stampFresh
 }
 
+// candidate is a row the claim's probe found in its snapshot.
+type candidate struct {
+	id      int64
+	due     bool
+	key     string // message key; "" for an event of no aggregate
+	aggType string
+	aggID   string
+}
+
 func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
-	args := q.pickArgs(now)
-	dueArgs, freshArgs := args[:len(args)-q.freshArgCount()], args[len(args)-q.freshArgCount():]
+	now = d.clock(now)
 	err = q.inTxAt(ctx, d.tx, func(tx *sql.Tx) error {
 		claimed = nil
 		if prev != nil {
@@ -66,36 +103,20 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 				return err
 			}
 		}
-		due, err := d.probeDue(ctx, tx, dueArgs)
-		if err != nil {
+		cands, err := d.probeCandidates(ctx, tx, q, now)
+		if err != nil || len(cands) == 0 {
 			return err
 		}
-		if len(due) > 0 {
-			in, ids := inList(due)
-			query, args := d.literal(strings.Replace(d.dueLock, "c.id IN (%s)", "c."+in, 1), append(ids, dueArgs...))
-			rows, err := tx.QueryContext(ctx, query, args...)
-			if err != nil {
-				return err
-			}
-			// Read before the stamp, which adds the attempt.
-			if claimed, err = q.scanClaimed(rows, 1, false, nil); err != nil {
-				return err
-			}
+		if q.keyOrdering {
+			claimed, err = d.claimKeys(ctx, tx, q, now, cands)
+		} else {
+			claimed, err = d.lockCandidates(ctx, tx, q, now, cands)
 		}
-		if left := q.batchSize - len(claimed); left > 0 {
-			query, args := d.literal(d.freshSelect, append(freshArgs, left))
-			rows, err := tx.QueryContext(ctx, query, args...)
-			if err != nil {
-				return err
-			}
-			fresh, err := q.scanClaimed(rows, 1, false, nil)
-			if err != nil {
-				return err
-			}
-			claimed = append(claimed, fresh...)
+		if err != nil || len(claimed) == 0 {
+			return err
 		}
-		if len(claimed) == 0 {
-			return nil
+		if d.afterLock != nil {
+			d.afterLock()
 		}
 		sortClaimed(claimed)
 		in, ids := d.idList(rowIDs(claimed))
@@ -105,7 +126,7 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 		if slices.ContainsFunc(claimed, func(r claimedRow) bool { return r.unfinished }) {
 			stamp = d.claimStamp
 		}
-		head := append([]any{owner}, q.clock.laterArgs(d.clock(now), q.lease, false)...)
+		head := append([]any{owner}, q.clock.laterArgs(now, q.lease, false)...)
 		query, args := d.literal(stamp+in, append(head, ids...))
 		_, err = tx.ExecContext(ctx, query, args...)
 		return err
@@ -113,23 +134,191 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 	return claimed, marked, err
 }
 
-// probeDue returns the ids of the due run, read without locks.
-func (d *mysqlRelay) probeDue(ctx context.Context, tx *sql.Tx, args []any) ([]int64, error) {
-	query, args := d.literal(d.dueProbe, args)
+// probeCandidates reads the due run and twice a batch of the fresh run from the transaction's
+// snapshot, without locks.
+func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time) ([]candidate, error) {
+	query, args := d.literal(d.probe, q.clock.args(now, d.probeArgs))
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var ids []int64
+	var out []candidate
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var c candidate
+		var run int
+		if err := rows.Scan(&c.id, &run, &c.aggType, &c.aggID); err != nil {
 			return nil, err
 		}
+		c.due = run == 0
+		c.key = messageKey(c.aggType, c.aggID)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// lockCandidates locks the candidates by primary key, skipping those another relay holds and those
+// no longer pending, and returns up to a batch of them: the due ones first.
+func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, cands []candidate) ([]claimedRow, error) {
+	var due, fresh []int64
+	for _, c := range cands {
+		if c.due {
+			due = append(due, c.id)
+		} else {
+			fresh = append(fresh, c.id)
+		}
+	}
+	var claimed []claimedRow
+	if len(due) > 0 {
+		in, ids := inList(due)
+		query, args := d.literal(strings.Replace(d.lockDue, "c.id IN (%s)", "c."+in, 1), append(ids, q.clock.args(now, d.lockDueArgs)...))
+		rows, err := tx.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		// Read before the stamp, which adds the attempt.
+		if claimed, err = q.scanClaimed(rows, 1, false, nil); err != nil {
+			return nil, err
+		}
+	}
+	if left := q.batchSize - len(claimed); left > 0 && len(fresh) > 0 {
+		in, ids := inList(fresh)
+		args := append(ids, q.clock.args(now, d.lockFreshArgs)...)
+		query, args := d.literal(strings.Replace(d.lockFresh, "c.id IN (%s)", "c."+in, 1), append(args, left))
+		rows, err := tx.QueryContext(ctx, query, args...)
+		if err != nil {
+			return nil, err
+		}
+		more, err := q.scanClaimed(rows, 1, false, nil)
+		if err != nil {
+			return nil, err
+		}
+		claimed = append(claimed, more...)
+	}
+	return claimed, nil
+}
+
+// keyedRow is a row of per-key ordering's locking read: the claimed row as it would be handed out,
+// and how it is now.
+type keyedRow struct {
+	claimedRow
+	processed, dead, leased, due bool
+}
+
+// claimKeys is the claim with per-key ordering (see mysqlRelay): it reads the unprocessed rows of the
+// candidates' keys from the snapshot, locks them and the candidates by primary key, and hands out
+// what pickKeyHeads picks.
+func (d *mysqlRelay) claimKeys(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, cands []candidate) ([]claimedRow, error) {
+	seen := map[int64]string{} // every row the claim saw in its snapshot → its key ("" for none)
+	keys := map[string][2]string{}
+	for _, c := range cands {
+		seen[c.id] = c.key
+		if c.key != "" {
+			keys[c.key] = [2]string{c.aggType, c.aggID}
+		}
+	}
+	if len(keys) > 0 {
+		var tuples strings.Builder
+		var args []any
+		for _, k := range keys {
+			if tuples.Len() > 0 {
+				tuples.WriteByte(',')
+			}
+			tuples.WriteString("(?,?)")
+			args = append(args, k[0], k[1])
+		}
+		rows, err := tx.QueryContext(ctx, strings.Replace(d.keyRows, "%s", tuples.String(), 1), args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id int64
+			var aggType, aggID string
+			if err := rows.Scan(&id, &aggType, &aggID); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			seen[id] = messageKey(aggType, aggID)
+		}
+		if err := rows.Close(); err != nil {
+			return nil, err
+		}
+	}
+	ids := make([]int64, 0, len(seen))
+	for id := range seen {
 		ids = append(ids, id)
 	}
-	return ids, rows.Err()
+	slices.Sort(ids)
+	in, idArgs := inList(ids)
+	query, args := d.literal(strings.Replace(d.lockRows, "c.id IN (%s)", "c."+in, 1), append(idArgs, q.clock.args(now, d.lockRowsArgs)...))
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	locked, err := q.scanKeyed(rows)
+	if err != nil {
+		return nil, err
+	}
+	return pickKeyHeads(cands, seen, locked, q.batchSize), nil
+}
+
+// pickKeyHeads decides per-key ordering's claim from what claimKeys read: the candidates in probe
+// order, every row of the snapshot with its key (seen), and the rows locked, as they are now. It hands
+// out, of each key every row of which the claim saw and locked and none of which is leased, its first
+// unprocessed row when that is due and not dead, and each candidate of no key that is still pending;
+// up to batch rows. A key with a row the claim saw but could not lock is being claimed or finished by
+// another relay at this moment: it is left to that relay. It is pure.
+func pickKeyHeads(cands []candidate, seen map[int64]string, locked []keyedRow, batch int) []claimedRow {
+	byID := make(map[int64]*keyedRow, len(locked))
+	byKey := map[string][]*keyedRow{}
+	for i := range locked {
+		r := &locked[i]
+		byID[r.id] = r
+		if k := seen[r.id]; k != "" {
+			byKey[k] = append(byKey[k], r)
+		}
+	}
+	busy := map[string]bool{}
+	for id, k := range seen {
+		if k != "" && byID[id] == nil {
+			busy[k] = true
+		}
+	}
+	var out []claimedRow
+	taken := map[string]bool{}
+	for _, c := range cands {
+		if len(out) == batch {
+			break
+		}
+		if c.key == "" {
+			if r := byID[c.id]; r != nil && !r.processed && !r.dead && !r.leased && r.due {
+				out = append(out, r.claimedRow)
+			}
+			continue
+		}
+		if busy[c.key] || taken[c.key] {
+			continue
+		}
+		taken[c.key] = true
+		var head *keyedRow
+		leased := false
+		for _, r := range byKey[c.key] {
+			if r.processed {
+				continue
+			}
+			if r.leased {
+				leased = true
+			}
+			if head == nil || r.id < head.id {
+				head = r
+			}
+		}
+		if leased || head == nil || head.dead || !head.due {
+			continue
+		}
+		out = append(out, head.claimedRow)
+	}
+	return out
 }
 
 func (*mysqlRelay) bind(query string) string { return query }
@@ -301,6 +490,24 @@ func (d *mysqlRelay) timeSQL(ctx context.Context, db *sql.DB) (dbTime, error) {
 }
 
 func (*mysqlRelay) listens() bool { return false }
+
+// sessionSetup: MariaDB's idle_transaction_timeout (whole seconds). MySQL has no such setting
+// (unknownSetting): there a transaction cut off by a partition lasts until the server notices the
+// connection is gone (its TCP keepalive), and docs/relay.md says so.
+func (*mysqlRelay) sessionSetup(d time.Duration) string {
+	return `SET SESSION idle_transaction_timeout = ` + strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
+func (*mysqlRelay) sessionReset() string { return `SET SESSION idle_transaction_timeout = DEFAULT` }
+
+// txSetup: MariaDB's setting is per session (sessionSetup).
+func (*mysqlRelay) txSetup(time.Duration) string { return "" }
+
+// unknownSetting: error 1193, an unknown system variable.
+func (*mysqlRelay) unknownSetting(err error) bool {
+	n, ok := mysqlErrorNumber(err)
+	return ok && n == 1193
+}
 
 // retryable reports MySQL's error 1213: InnoDB chose the claim's transaction as a deadlock's victim and
 // rolled it back whole (the mark of the previous batch included). With several relays on MariaDB about

@@ -306,3 +306,77 @@ func TestPartitionedRelayStopsPublishingAtItsLease(t *testing.T) {
 		assert.Zero(t, log.byRelay()["cut-off"], "the cut-off relay's publish was cut short")
 	})
 }
+
+// A relay cut off from MySQL/MariaDB in the middle of a claim — its rows locked, its stamp and commit
+// not yet sent — neither freezes the application nor keeps the rows: the application's transactions
+// write events meanwhile, and the database ends the silent transaction (idle_transaction_timeout), so
+// the other relay publishes every event while the cut-off one is still partitioned.
+func TestRelayCutOffInItsClaimLetsGoOfItsRows(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		if d.server() != "mysql" {
+			t.Skip("a claim is one statement elsewhere: the database does not wait on the relay inside it")
+		}
+		db := setup(t, d, nil)
+		proxy := proxyTo(t, d)
+		cutOff := openThrough(t, d, proxy)
+		log := newPublishLog()
+		opts := []outboxplugin.WorkerOption{outboxplugin.WithLease(time.Minute), outboxplugin.WithBatchSize(50), outboxplugin.WithoutListen()}
+		a := newWorker(t, cutOff, log.as("cut-off"), opts...)
+		b := newWorker(t, db, log.as("other"), opts...)
+		var once sync.Once
+		locked := make(chan struct{})
+		outboxplugin.UseAfterClaimLock(a, func() {
+			once.Do(func() {
+				proxy.Blackhole(true)
+				close(locked)
+			})
+		})
+		emitN(t, db, 20)
+		done := make(chan struct{})
+		var aN int
+		go func() {
+			defer close(done)
+			aN, _ = a.ProcessOnce(context.Background())
+		}()
+		<-locked
+		// The application goes on writing while the relay's transaction is open on the server.
+		emitN(t, db, 10)
+		require.Eventually(t, func() bool {
+			_, err := b.ProcessOnce(context.Background())
+			require.NoError(t, err)
+			return log.byRelay()["other"] == 30
+		}, 60*time.Second, 50*time.Millisecond, "the other relay publishes the cut-off claim's rows during the partition")
+		proxy.Blackhole(false)
+		<-done
+		assert.Zero(t, aN, "the cut-off claim publishes nothing")
+		assert.Equal(t, map[string]int{"other": 30}, log.byRelay())
+	})
+}
+
+// A worker on a pool of one connection (SetMaxOpenConns(1)) shares it with the application: it does
+// not keep a connection of its own between claims, so the application's statements and the worker's
+// other statements get the connection, and every event is published.
+func TestRelayOnAPoolOfOneConnection(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		if d.server() == "sqlite" {
+			t.Skip("the proxied pool is a server's")
+		}
+		db := setup(t, d, nil)
+		one := openThrough(t, d, proxyTo(t, d))
+		pool, err := one.DB()
+		require.NoError(t, err)
+		pool.SetMaxOpenConns(1)
+		log := newPublishLog()
+		w := newWorker(t, one, log.as("one"), outboxplugin.WithBatchSize(7), outboxplugin.WithPollInterval(10*time.Millisecond),
+			outboxplugin.WithoutListen())
+		stop := runWorkers(t, 1, func() *outboxplugin.Worker { return w })
+		emitN(t, db, 40)
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, one.Raw("SELECT 1").Scan(&n).Error, "the application's statement on the shared pool")
+			return log.published() == 40
+		}, 60*time.Second, 20*time.Millisecond)
+		stop()
+		assert.Equal(t, map[string]int{"one": 40}, log.byRelay())
+	})
+}

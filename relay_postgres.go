@@ -180,6 +180,18 @@ func (*pgRelay) timeSQL(context.Context, *sql.DB) (dbTime, error) {
 
 func (*pgRelay) listens() bool { return true }
 
+// sessionSetup: PostgreSQL's idle_in_transaction_session_timeout is set per transaction (txSetup).
+// The relay's transactions are rare there (claims and marks are single statements).
+func (*pgRelay) sessionSetup(time.Duration) string { return "" }
+
+func (*pgRelay) sessionReset() string { return "" }
+
+func (*pgRelay) unknownSetting(error) bool { return false }
+
+func (*pgRelay) txSetup(d time.Duration) string {
+	return `SET LOCAL idle_in_transaction_session_timeout = ` + strconv.FormatInt(d.Milliseconds(), 10)
+}
+
 // retryable: a claim is one statement that takes row locks in index order with SKIP LOCKED; it does not
 // deadlock with another claim, and other errors are not the claim's to retry.
 func (*pgRelay) retryable(error) bool { return false }

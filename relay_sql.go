@@ -3,6 +3,7 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,6 +57,11 @@ type relaySQL struct {
 	gdb     *gorm.DB // for the dialect's quoting and locking clause, when ready writes the claim
 	buildMu sync.Mutex
 	built   bool
+
+	connMu    sync.Mutex // held while a transaction runs (inTxAt)
+	conn      *sql.Conn  // the worker's own connection (txConnLocked), or nil
+	holdConn  bool       // conn is kept between transactions: the pool has room for it
+	noSession bool       // the server has no idle-transaction setting: transactions use the pool
 }
 
 // relayDialect is what differs between databases in the relay's SQL, one implementation per database
@@ -97,6 +103,15 @@ type relayDialect interface {
 	timeSQL(ctx context.Context, db *sql.DB) (dbTime, error)
 	// listens reports whether the database wakes the worker with notifications.
 	listens() bool
+	// sessionSetup is the statement that sets a connection's idle-in-transaction timeout to d ("" when
+	// the database sets it per transaction, or has none), sessionReset the one that sets it back before
+	// the connection returns to the pool, and unknownSetting reports the error of a server without it.
+	sessionSetup(d time.Duration) string
+	sessionReset() string
+	unknownSetting(err error) bool
+	// txSetup is the first statement of the relay's transactions, which sets their idle timeout to d
+	// ("" when the database does it per session, or has none).
+	txSetup(d time.Duration) string
 	// retryable reports whether a claim that failed with err rolled back whole and may simply be run
 	// again at once (MySQL's deadlock victim).
 	retryable(err error) bool
@@ -251,7 +266,8 @@ func (q *relaySQL) buildClaim() {
 	// takes a column IS NULL for no constant, and would sort every pending row otherwise); MariaDB sorts
 	// when the columns fixed by the predicate are named, so there it names only the others.
 	now := q.clock.now
-	live := ` AND (c.locked_until IS NULL OR c.locked_until < ` + now + `)`
+	leaseFree := ` AND (c.locked_until IS NULL OR c.locked_until < ` + now + `)`
+	live := leaseFree
 	if q.keyOrdering {
 		// Only the head of each key: no earlier unprocessed event of the same key (dead ones
 		// included: they block their key until requeued), and no event of the key in flight under
@@ -264,8 +280,10 @@ func (q *relaySQL) buildClaim() {
 			` AND (p.id < c.id OR p.locked_until >= ` + now + `)))`
 	}
 	d.build(q, claimParts{
-		due:   `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ` + now + live,
-		fresh: `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + live,
+		due:       `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ` + now + live,
+		fresh:     `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + live,
+		dueBase:   `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at <= ` + now + leaseFree,
+		freshBase: `c.processed = false AND c.dead_at IS NULL AND c.next_attempt_at IS NULL` + leaseFree,
 		// The batch size is written into the text, not bound: with LIMIT a parameter, PostgreSQL's
 		// plan cache never trusts a generic plan and plans every claim anew (about a tenth of a
 		// claim's time); with it written out, the prepared claim is planned once per connection.
@@ -284,6 +302,8 @@ func (q *relaySQL) buildClaim() {
 // was taken over from an expired lease (MySQL).
 type claimParts struct {
 	due, fresh, limit, lock, table, stamp, stampFresh string
+	// dueBase and freshBase are due and fresh without per-key ordering's condition.
+	dueBase, freshBase string
 }
 
 // run selects cols of one run (due or fresh), in order, up to a batch, locking the rows.
@@ -396,16 +416,107 @@ func (q *relaySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return q.inTxAt(ctx, nil, fn)
 }
 
-// inTxAt runs fn in a transaction with the given options (nil: the database's defaults).
+// inTxAt runs fn in a transaction with the given options (nil: the database's defaults). Where the
+// database can end a transaction its client stopped talking to (relayIdleTimeout), the transaction is
+// set up so: on PostgreSQL by its first statement (txSetup), on MariaDB on the worker's own connection
+// (txConnLocked). A failed transaction gives that connection up: a partition or the server's idle
+// timeout may have broken it, and the next transaction takes a fresh one.
 func (q *relaySQL) inTxAt(ctx context.Context, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
-	tx, err := q.db.BeginTx(ctx, opts)
+	q.connMu.Lock()
+	defer q.connMu.Unlock()
+	conn, err := q.txConnLocked(ctx)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
-		return errors.Join(err, tx.Rollback())
+	var tx *sql.Tx
+	if conn != nil {
+		tx, err = conn.BeginTx(ctx, opts)
+	} else {
+		tx, err = q.db.BeginTx(ctx, opts)
 	}
-	return tx.Commit()
+	if err == nil {
+		if set := q.d.txSetup(relayIdleTimeout); set != "" {
+			_, err = tx.ExecContext(ctx, set)
+		}
+		if err == nil {
+			err = fn(tx)
+		}
+		if err != nil {
+			err = errors.Join(err, tx.Rollback())
+		} else {
+			err = tx.Commit()
+		}
+	}
+	if err != nil || !q.holdConn {
+		q.dropConnLocked()
+	}
+	return err
+}
+
+// relayIdleTimeout is how long the database waits on a relay's transaction that the relay stopped
+// talking to — a relay cut off by a partition that drops packets, whose server sees no closed
+// connection — before it ends the session or the transaction, and so lets go of the rows it locked.
+// A relay's transactions send their statements back to back: they are idle for milliseconds.
+const relayIdleTimeout = 2 * time.Second
+
+// minHeldPool is the smallest connection limit of a pool (SetMaxOpenConns) of which a worker keeps a
+// connection of its own on MariaDB while it runs. A smaller pool is not taken from for long: the
+// worker sets a connection up for each claim and gives it back (two more statements per claim).
+const minHeldPool = 4
+
+// txConnLocked is the connection a transaction runs on: nil for one of the pool, or, on a database
+// whose idle-transaction timeout is a session setting (MariaDB's idle_transaction_timeout), the
+// worker's own, set up once with it. Setting it on a connection of the worker's keeps it off the
+// application's: the connection is set back before it returns to the pool (dropConnLocked). On a
+// server without the setting (MySQL) transactions run on the pool's connections, and a transaction
+// cut off by a partition lasts until the server notices the connection is gone. q.connMu is held.
+func (q *relaySQL) txConnLocked(ctx context.Context) (*sql.Conn, error) {
+	if q.conn != nil || q.noSession {
+		return q.conn, nil
+	}
+	set := q.d.sessionSetup(relayIdleTimeout)
+	if set == "" {
+		return nil, nil
+	}
+	conn, err := q.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(ctx, set); err != nil {
+		_ = conn.Close()
+		if q.d.unknownSetting(err) {
+			q.noSession = true
+			return nil, nil
+		}
+		return nil, fmt.Errorf("set up the relay's connection: %w", err)
+	}
+	max := q.db.Stats().MaxOpenConnections
+	q.holdConn = max == 0 || max >= minHeldPool
+	q.conn = conn
+	return conn, nil
+}
+
+// dropConnLocked gives the worker's connection back to the pool, set back as the application's are,
+// or closed when that fails; q.connMu is held.
+func (q *relaySQL) dropConnLocked() {
+	if q.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	if _, err := q.conn.ExecContext(ctx, q.d.sessionReset()); err != nil {
+		// A connection whose setting cannot be taken back is not given to the application.
+		_ = q.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	cancel()
+	_ = q.conn.Close()
+	q.conn = nil
+}
+
+// releaseConn gives the worker's connection back to the pool, when the worker stops.
+func (q *relaySQL) releaseConn() {
+	q.connMu.Lock()
+	defer q.connMu.Unlock()
+	q.dropConnLocked()
 }
 
 // execer is a *sql.DB or *sql.Tx.
@@ -455,27 +566,56 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool,
 			out = out[:len(out)-1]
 			continue
 		}
-		m.Payload = payload
-		if len(headers) > 0 && string(headers) != "null" {
-			if err := json.Unmarshal(headers, &m.Headers); err != nil {
-				m.Headers = nil
-				r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
-			}
-		}
-		if t, err := asTime(created); err != nil {
-			r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
-		} else {
-			m.CreatedAt = t
-		}
-		m.Key = messageKey(m.AggregateType, m.AggregateID)
-		m.Attempt = attempts + attemptOffset
-		r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
+		r.decode(payload, headers, created, attempts+attemptOffset, lastError)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	sortClaimed(out)
 	return out, nil
+}
+
+// decode completes a claimed row from the raw values of its columns.
+func (r *claimedRow) decode(payload, headers []byte, created any, attempt int, lastError sql.NullString) {
+	m := &r.msg
+	m.Payload = payload
+	if len(headers) > 0 && string(headers) != "null" {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
+			m.Headers = nil
+			r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
+		}
+	}
+	if t, err := asTime(created); err != nil {
+		r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
+	} else {
+		m.CreatedAt = t
+	}
+	m.Key = messageKey(m.AggregateType, m.AggregateID)
+	m.Attempt = attempt
+	r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
+}
+
+// scanKeyed reads the rows of per-key ordering's locking read on MySQL: the claim's columns, read
+// before the stamp (which adds the attempt), then how the row is now (keyedRowFlags).
+func (q *relaySQL) scanKeyed(rows *sql.Rows) (out []keyedRow, err error) {
+	defer func() { err = errors.Join(err, rows.Close()) }()
+	for rows.Next() {
+		var (
+			r                keyedRow
+			payload, headers []byte
+			created          any
+			attempts         int
+			lastError        sql.NullString
+		)
+		m := &r.msg
+		if err := rows.Scan(&r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError,
+			&r.processed, &r.dead, &r.leased, &r.due); err != nil {
+			return nil, fmt.Errorf("scan claimed row: %w", err)
+		}
+		r.decode(payload, headers, created, attempts+1, lastError)
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // sortClaimed puts a batch in creation order; RETURNING gives rows in no particular order.

@@ -67,6 +67,15 @@ func (*sqliteRelay) timeSQL(context.Context, *sql.DB) (dbTime, error) { return b
 
 func (*sqliteRelay) listens() bool { return false }
 
+// sessionSetup: a SQLite transaction cannot outlive its process, and has no network to lose.
+func (*sqliteRelay) sessionSetup(time.Duration) string { return "" }
+
+func (*sqliteRelay) sessionReset() string { return "" }
+
+func (*sqliteRelay) unknownSetting(error) bool { return false }
+
+func (*sqliteRelay) txSetup(time.Duration) string { return "" }
+
 // retryable: SQLite claims wait for the write lock (the DSN's busy timeout) and never deadlock.
 func (*sqliteRelay) retryable(error) bool { return false }
 

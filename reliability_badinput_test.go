@@ -675,7 +675,7 @@ func TestWrongOutboxSchema(t *testing.T) {
 			_, err = newWorker(t, db, newRecorder()).ProcessOnce(ctx)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "outboxplugin: claim")
-			assert.Regexp(t, `processed|message_id|locked_by`, err.Error(), "names a missing column")
+			assert.Regexp(t, `processed|message_id|locked_by|aggregate_type`, err.Error(), "names a missing column")
 			err = newWorker(t, db, newRecorder()).Run(ctx)
 			require.Error(t, err, "Run fails fast")
 			assert.Regexp(t, `processed|message_id|locked_by|attempts`, err.Error(), "names a missing column")

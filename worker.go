@@ -149,6 +149,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return ErrWorkerBusy
 	}
 	defer w.busy.Store(false)
+	defer w.sql.releaseConn()
 	if err := w.checkTable(ctx); err != nil {
 		return err
 	}
@@ -247,6 +248,7 @@ func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
 		return 0, ErrWorkerBusy
 	}
 	defer w.busy.Store(false)
+	defer w.sql.releaseConn()
 	defer w.keepLeases(context.WithoutCancel(ctx))()
 	c, err := w.claimBatch(ctx, nil)
 	if err != nil || len(c.rows) == 0 {
