@@ -62,9 +62,14 @@ func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
 		`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
 	window := ` LIMIT ` + strconv.Itoa(2*q.batchSize)
-	d.probe = `(SELECT c.id, 0, c.aggregate_type, c.aggregate_id FROM ` + p.table + ` c WHERE ` + p.due +
+	// The keys only where per-key ordering needs them: without, the probe reads the claim index alone.
+	keys := `, '', ''`
+	if q.keyOrdering {
+		keys = `, c.aggregate_type, c.aggregate_id`
+	}
+	d.probe = `(SELECT c.id, 0` + keys + ` FROM ` + p.table + ` c WHERE ` + p.due +
 		` ORDER BY c.next_attempt_at, c.created_at, c.id` + p.limit + `) UNION ALL ` +
-		`(SELECT c.id, 1, c.aggregate_type, c.aggregate_id FROM ` + p.table + ` c WHERE ` + p.fresh +
+		`(SELECT c.id, 1` + keys + ` FROM ` + p.table + ` c WHERE ` + p.fresh +
 		` ORDER BY c.created_at, c.id` + window + `)`
 	d.probeArgs = strings.Count(p.due+p.fresh, "?")
 	// Locked by primary key, in key order; the rows must still match what the probe found them to be.
