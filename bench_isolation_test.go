@@ -16,9 +16,10 @@ import (
 // BenchmarkInsertDuringClaims measures, on MariaDB, the latency of the application's writes (a Create
 // through the plugin, which inserts an outbox row) while a worker claims batches without pause, with
 // the claim's transaction at REPEATABLE READ (MySQL's default, and the worker's) and at READ COMMITTED,
-// the two alternating in rounds. Under REPEATABLE READ a claim whose scan reaches the end of the
-// index (a relay that keeps up) locks the gap after the last pending row, where every new event goes,
-// so inserts wait for claims to commit.
+// the two alternating in rounds. It was written when claims read their runs with locks: under
+// REPEATABLE READ a claim whose scan reached the end of the index (a relay that keeps up) locked the
+// gap after the last pending row, where every new event goes, so inserts waited for claims to commit.
+// Claims now lock rows by primary key only (docs/relay.md), and the two levels should differ little.
 //
 //	go test -run '^$' -bench BenchmarkInsertDuringClaims -benchtime 2000x
 func BenchmarkInsertDuringClaims(b *testing.B) {
