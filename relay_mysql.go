@@ -186,8 +186,14 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL
 			return nil, err
 		}
 	}
-	if left := q.batchSize - len(claimed); left > 0 && len(fresh) > 0 {
-		in, ids := inList(fresh)
+	// The fresh candidates are locked in probe order, as many at a time as the batch has room for (at
+	// least half a batch, so that at most four statements go through the probe's twice a batch): a
+	// relay alone gets its batch with the first statement; the next candidates are tried only when
+	// another relay holds some of those, or took them since the probe.
+	for left := q.batchSize - len(claimed); left > 0 && len(fresh) > 0; left = q.batchSize - len(claimed) {
+		next := fresh[:min(max(left, (q.batchSize+1)/2), len(fresh))]
+		fresh = fresh[len(next):]
+		in, ids := inList(next)
 		args := append(ids, q.clock.args(now, d.lockFreshArgs)...)
 		query, args := d.literal(strings.Replace(d.lockFresh, "c.id IN (%s)", "c."+in, 1), append(args, left))
 		rows, err := tx.QueryContext(ctx, query, args...)
