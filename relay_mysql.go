@@ -19,8 +19,8 @@ import (
 // next-key locks, and the end of the claim index's runs is the gap where the application inserts its
 // next events: a claim there made the application's inserts wait, and made some of them deadlock
 // victims (InnoDB chose the application's transaction, which had written less). Candidates are read
-// from the transaction's snapshot instead (the due run, then twice a batch of the fresh run, so that
-// relays claiming at once find rows beyond each other's), and locked by primary key, which takes
+// from the transaction's snapshot instead (the due run, then a batch of the fresh run, and the next
+// ones of the same snapshot when relays claiming at once hold those), and locked by primary key, which takes
 // record locks only; the lock re-reads each row as it is now, and one that another relay took or
 // finished meanwhile no longer matches (or is skipped while that relay holds it).
 //
@@ -40,6 +40,10 @@ type mysqlRelay struct {
 	// probeArgs, lockDueArgs, lockFreshArgs and lockRowsArgs are how many clock values each statement
 	// binds (only with the worker's clock).
 	probeArgs, lockDueArgs, lockFreshArgs, lockRowsArgs int
+	// probeMore reads the fresh run's next window (window rows) past an OFFSET, binding probeMoreArgs
+	// clock values and the offset.
+	probeMore             string
+	probeMoreArgs, window int
 
 	// tx are the options of a claim's transaction: nil, the server's default (REPEATABLE READ).
 	// BenchmarkInsertDuringClaims and BenchmarkRelayThroughput compare levels (UseClaimIsolation).
@@ -61,17 +65,22 @@ func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
 		`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
-	window := ` LIMIT ` + strconv.Itoa(2*q.batchSize)
-	// The keys only where per-key ordering needs them: without, the probe reads the claim index alone.
+	// The probe reads a batch of the fresh run; a relay that finds those held by other relays reads
+	// on, from the same snapshot (probeMore). With per-key ordering it reads twice a batch at once,
+	// and its keys (without, the probe reads the claim index alone).
+	d.window = q.batchSize
 	keys := `, '', ''`
 	if q.keyOrdering {
+		d.window = 2 * q.batchSize
 		keys = `, c.aggregate_type, c.aggregate_id`
 	}
+	window := ` LIMIT ` + strconv.Itoa(d.window)
+	freshRun := `(SELECT c.id, 1` + keys + ` FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id` + window
 	d.probe = `(SELECT c.id, 0` + keys + ` FROM ` + p.table + ` c WHERE ` + p.due +
-		` ORDER BY c.next_attempt_at, c.created_at, c.id` + p.limit + `) UNION ALL ` +
-		`(SELECT c.id, 1` + keys + ` FROM ` + p.table + ` c WHERE ` + p.fresh +
-		` ORDER BY c.created_at, c.id` + window + `)`
+		` ORDER BY c.next_attempt_at, c.created_at, c.id` + p.limit + `) UNION ALL ` + freshRun + `)`
 	d.probeArgs = strings.Count(p.due+p.fresh, "?")
+	d.probeMore = freshRun + ` OFFSET ?)`
+	d.probeMoreArgs = strings.Count(p.fresh, "?")
 	// Locked by primary key, in key order; the rows must still match what the probe found them to be.
 	d.lockDue = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE c.id IN (%s) AND ` + p.dueBase + ` ORDER BY c.id ` + p.lock
 	d.lockDueArgs = strings.Count(p.dueBase, "?")
@@ -162,6 +171,27 @@ func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *relaySQ
 	return out, rows.Err()
 }
 
+// probeFresh reads the ids of the fresh run's window past offset, from the transaction's snapshot.
+func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, offset int) ([]int64, error) {
+	query, args := d.literal(d.probeMore, append(q.clock.args(now, d.probeMoreArgs), offset))
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		var run int
+		var aggType, aggID string
+		if err := rows.Scan(&id, &run, &aggType, &aggID); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
 // lockCandidates locks the candidates by primary key, skipping those another relay holds and those
 // no longer pending, and returns up to a batch of them: the due ones first.
 func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, cands []candidate) ([]claimedRow, error) {
@@ -187,10 +217,24 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL
 		}
 	}
 	// The fresh candidates are locked in probe order, as many at a time as the batch has room for (at
-	// least half a batch, so that at most four statements go through the probe's twice a batch): a
-	// relay alone gets its batch with the first statement; the next candidates are tried only when
-	// another relay holds some of those, or took them since the probe.
-	for left := q.batchSize - len(claimed); left > 0 && len(fresh) > 0; left = q.batchSize - len(claimed) {
+	// least half a batch): a relay alone gets its batch with the first statement. When other relays
+	// hold some of a full window's rows, or took them since the probe, the relay reads the next
+	// window of its snapshot, up to twice.
+	offset, windowFull := d.window, len(fresh) == d.window
+	for left, more := q.batchSize-len(claimed), 0; left > 0; left = q.batchSize - len(claimed) {
+		if len(fresh) == 0 {
+			if !windowFull || more == 2 {
+				break
+			}
+			more++
+			var err error
+			if fresh, err = d.probeFresh(ctx, tx, q, now, offset); err != nil {
+				return nil, err
+			}
+			offset += d.window
+			windowFull = len(fresh) == d.window
+			continue
+		}
 		next := fresh[:min(max(left, (q.batchSize+1)/2), len(fresh))]
 		fresh = fresh[len(next):]
 		in, ids := inList(next)
