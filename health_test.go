@@ -110,7 +110,7 @@ func TestMisconfiguredDestinationSpendsNoAttempt(t *testing.T) {
 		require.Error(t, w.Health())
 		assert.ErrorIs(t, w.Health(), outboxplugin.ErrMisconfigured)
 		assert.Contains(t, w.Health().Error(), `subject "zz.User.User_create"`)
-		lines := logs.linesOf("outboxplugin: the broker cannot take the events: a configuration error; they are pending again, no attempt spent, until it is fixed")
+		lines := logs.linesOf("outboxplugin: the broker did not take the events: a configuration error; they are pending again, no attempt spent, until it is fixed")
 		require.NotEmpty(t, lines)
 		assert.Equal(t, slog.LevelError, lines[0].Level)
 		assert.EqualValues(t, 55, attrOf(lines[0], "events").Int64(), "one line for the batch's 55 events")

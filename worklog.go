@@ -170,7 +170,7 @@ func (w *Worker) logFailures(ctx context.Context, res BatchResult) {
 			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: publish refused, events will be retried",
 				append(attrs, slog.Time("next_attempt", g.next), slog.Any("error", g.err))...)
 		case failMisconfigured:
-			w.logMisconfigured(ctx, "outboxplugin: the broker cannot take the events: a configuration error; they are pending again, no attempt spent, until it is fixed",
+			w.logMisconfigured(ctx, "outboxplugin: the broker did not take the events: a configuration error; they are pending again, no attempt spent, until it is fixed",
 				g.err, attrs[1:]...)
 		case failNotDelivered:
 			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the broker did not take the events; they are pending again, no attempt spent",

@@ -207,6 +207,38 @@ func (f *relayFlags) newLogger(w io.Writer) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want text or json", f.logFormat)
 }
 
+// startAttrs are the attributes of the relay's start line: its effective configuration, with dsn and
+// brokerURL already redacted. Worker options left at 0 are shown as the core's defaults ("default").
+func (f *relayFlags) startAttrs(scheme, kind, dsn, brokerURL, table string) []any {
+	orDefault := func(set bool, v any) any {
+		if set {
+			return v
+		}
+		return "default"
+	}
+	attrs := []any{"database", kind, "db", dsn, "broker", brokerURL, "table", table, "workers", f.workers,
+		"batch_size", orDefault(f.batchSize != 0, f.batchSize),
+		"lease", orDefault(f.lease != 0, f.lease.String()),
+		"poll_interval", orDefault(f.pollInterval != 0, f.pollInterval.String()),
+		"publish_timeout", orDefault(f.publishTimeout != 0, f.publishTimeout.String()),
+		"max_attempts", orDefault(f.maxAttempts != 0, f.maxAttempts),
+		"key_ordering", f.keyOrdering, "delete_on_publish", f.deleteOnPublish, "listen", !f.withoutListen}
+	if f.cleanupEvery != 0 {
+		attrs = append(attrs, "cleanup_every", f.cleanupEvery.String(), "retention", orDefault(f.retention != 0, f.retention.String()))
+	}
+	switch scheme {
+	case schemeNATS:
+		attrs = append(attrs, "subject_prefix", f.subjectPrefix, "stream", f.stream)
+	case schemeKafka:
+		attrs = append(attrs, "topic", f.topic)
+	case schemeAMQP, schemeAMQPS:
+		attrs = append(attrs, "exchange", f.exchange)
+	case schemeRedis:
+		attrs = append(attrs, "stream", f.stream)
+	}
+	return append(attrs, "http", f.http)
+}
+
 // relayRedactor redacts what the relay prints: the app's redaction (the DSN) and the broker URL's
 // passwords.
 type relayRedactor struct {
@@ -301,7 +333,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 		return fmt.Errorf("metrics: %w", err)
 	}
 
-	var ready readiness
+	ready := readiness{redact: r.redact}
 	var wg sync.WaitGroup
 	httpErr := make(chan error, 1)
 	if f.http != "" {
@@ -345,7 +377,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	}
 
 	b, err := openBroker(ctx, scheme, brokerConfig{url: f.broker, subjectPrefix: f.subjectPrefix, stream: f.stream,
-		topic: f.topic, kafkaRoots: f.kafkaCA.roots, exchange: f.exchange}, log)
+		topic: f.topic, kafkaRoots: f.kafkaCA.roots, exchange: f.exchange, starting: &ready.starting}, log)
 	if err != nil {
 		return err
 	}
@@ -366,7 +398,8 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 			return err
 		}
 	}
-	log.Info("relay started", "workers", f.workers, "broker", scheme, "table", a.table)
+	ready.workers.Store(&workers)
+	log.Info("relay started", f.startAttrs(scheme, kind, r.redact(dsn), r.redact(f.broker), a.table)...)
 	return runWorkers(ctx, workers, httpErr, log)
 }
 
