@@ -83,15 +83,18 @@ SIGINT. The broker is chosen by the scheme of --broker:
 
 Several relays (replicas) may run on one table: each event is leased by one worker at a time.
 The first connection to the database (and to RabbitMQ) is retried with backoff until it succeeds;
-NATS, Kafka and Redis down at start-up are connected to in the background. /readyz says whether the
-database and the broker answer.
+NATS, Kafka and Redis down at start-up are logged and connected to in the background. A broker that
+refuses the configuration — credentials, a NATS subject no stream captures, a missing exchange, an
+unknown --topic, a --stream key of another type — is logged at error, naming it and the broker; the
+relay keeps running, not ready, spending no attempt, and recovers once it is fixed.
 
 On SIGTERM or SIGINT the workers finish or hand back the batch in flight (within --publish-timeout)
 and the command exits 0.
 
 --http serves /metrics (Prometheus text: the metrics of github.com/gorm-outbox/outboxplugin/otel),
-/healthz (200 while the process runs) and /readyz (200 when the database answers a ping and the
-broker is connected, else 503 with a JSON reason).
+/healthz (200 while the process runs) and /readyz (200 when the database answers a ping, the
+broker is connected and every worker is healthy — its claims succeed, and the broker does not refuse
+all it publishes for a configuration error — else 503 with a JSON reason naming the cause).
 
 The worker options left at 0 (or unset) take the defaults of the core package, shown in each flag.
 Credentials in --db and --broker never appear in the logs, errors or HTTP responses. For mounted
