@@ -33,9 +33,11 @@ func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool)
 	return len(res.Published), nil, o.outage, nil
 }
 
-// report gives the observer a recorded batch, and each event it made dead.
+// report logs what failed in a recorded batch, and gives the observer the batch and each event it
+// made dead.
 func (w *Worker) report(ctx context.Context, res BatchResult) {
-	w.cfg.observer.BatchDone(ctx, res)
+	w.logFailures(ctx, res)
+	w.batchDone(ctx, res)
 	for _, f := range res.Failed {
 		if f.Dead {
 			w.cfg.observer.Dead(ctx, f.Message, f.Err)
@@ -60,7 +62,7 @@ func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
 	}
 	b.res.FinishDuration = time.Since(start)
 	w.noteLeaseLost(ctx, &b.res, len(d.ids), n)
-	w.cfg.observer.BatchDone(ctx, b.res)
+	w.batchDone(ctx, b.res)
 }
 
 // noteLeaseLost records in res, and logs, the published rows a mark no longer found leased to the
@@ -132,7 +134,6 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, 
 		return o, err
 	}
 	w.noteLeaseLost(ctx, res, len(o.done), marked)
-	w.logOutcome(ctx, o)
 	return o, nil
 }
 
@@ -153,42 +154,6 @@ func groupReleased(rows []releasedRow) []releasedGroup {
 		groups[i].ids = append(groups[i].ids, r.id)
 	}
 	return groups
-}
-
-// logOutcome writes a line per dead event and one per batch for the rest, so that an outage does not
-// flood the log; each names the first few message ids and event types.
-func (w *Worker) logOutcome(ctx context.Context, o outcome) {
-	retried := 0
-	for _, f := range o.failed {
-		if f.Dead {
-			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event is dead after its last attempt",
-				slog.String("worker", w.owner), slog.String("message_id", f.Message.ID),
-				slog.String("event_type", f.Message.EventType), slog.Int("attempts", f.Message.Attempt),
-				slog.Any("error", f.Err))
-			continue
-		}
-		retried++
-	}
-	if retried > 0 {
-		var ids, types []string
-		for _, f := range o.failed {
-			if !f.Dead {
-				ids, types = append(ids, f.Message.ID), appendNew(types, f.Message.EventType)
-			}
-		}
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: publish refused, events will be retried",
-			slog.String("worker", w.owner), slog.Int("events", retried), slog.Any("message_ids", firstFew(ids)),
-			slog.Any("event_types", firstFew(types)), slog.Any("error", o.failed[0].Err))
-	}
-	if len(o.unsent) > 0 {
-		var ids, types []string
-		for _, f := range o.unsent {
-			ids, types = append(ids, f.Message.ID), appendNew(types, f.Message.EventType)
-		}
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the broker did not take the events; they are pending again, no attempt spent",
-			slog.String("worker", w.owner), slog.Int("events", len(o.unsent)), slog.Any("message_ids", firstFew(ids)),
-			slog.Any("event_types", firstFew(types)), slog.Any("error", o.unsent[0].Err))
-	}
 }
 
 func appendNew(list []string, s string) []string {

@@ -48,6 +48,19 @@ var (
 	// a message at fault. Any other error of a message in a PublishError is a refusal.
 	ErrBrokerUnavailable = errors.New("broker unavailable")
 
+	// ErrMisconfigured is for publishers: a Publish error that wraps it — for the whole batch, or as
+	// the error of a message in a *PublishError — says the broker cannot take the message(s) because
+	// of how the relay or the broker is configured, not because of the message: a destination that
+	// does not exist (a NATS subject no JetStream stream captures, a RabbitMQ exchange that is missing
+	// or routes the message to no queue, an unknown Kafka topic, a Redis key of another type) or
+	// credentials or permissions the broker refuses. Retrying does not mend it, and neither does
+	// spending the event's attempts: such a delivery is handled as an outage — no attempt spent, the
+	// events pending again, Run backing off (a whole-batch error is not split in halves) — and
+	// reported apart: logged at error, once per cause while it lasts, and by Worker.Health until the
+	// broker takes a batch again. The error should name the destination and the broker's address
+	// (without credentials). docs/publishers.md lists, per broker, which failures are such.
+	ErrMisconfigured = errors.New("broker or destination misconfigured")
+
 	// ErrUnknownTable is returned, under WithStrictTables, for a write through db.Table(name) without a
 	// model to a table no model the application uses maps to: a write that would otherwise commit
 	// without events.

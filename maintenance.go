@@ -9,7 +9,8 @@ import (
 )
 
 // Maintenance runs beside Run's publishing loop, on a goroutine of its own, so that it never delays a
-// claim: the periodic cleanup (WithCleanup) and the backlog measurement for the Observer.
+// claim: the periodic cleanup (WithCleanup), the backlog measurement for the Observer, the publisher's
+// start check (CheckingPublisher) and the progress line (WithProgressInterval).
 //
 // Cleanup deletes in chunks of cleanupChunk rows, one short statement each, pausing between chunks for
 // as long as the chunk took, so that a table with months of processed rows costs the database at most
@@ -28,19 +29,27 @@ import (
 
 const cleanupChunk = 1000
 
-// maintain runs the periodic cleanup and the backlog measurement until ctx ends.
+// maintain runs, until ctx ends, the periodic cleanup, the backlog measurement, the publisher's start
+// check (CheckingPublisher) and the progress line.
 func (w *Worker) maintain(ctx context.Context) {
 	_, nop := w.cfg.observer.(NopObserver)
 	backlog := !nop
 	cleanup := w.cfg.cleanupEvery > 0
-	if !backlog && !cleanup {
-		return
-	}
+	checker, checking := w.pub.(CheckingPublisher)
 	now := time.Now()
 	nextBacklog := now
 	nextCleanup := now.Add(w.cfg.cleanupEvery)
+	nextCheck := now
+	nextProgress := now.Add(w.cfg.progressEvery)
+	var reported countsSnapshot
+	checkFailed := false
 	for {
 		now = time.Now()
+		if checking && !now.Before(nextCheck) {
+			checking = w.checkPublisher(ctx, checker, checkFailed)
+			checkFailed = checking
+			nextCheck = time.Now().Add(recheckInterval)
+		}
 		if backlog && !now.Before(nextBacklog) {
 			nextBacklog = now.Add(w.cfg.backlogEvery)
 			if c, err := w.sql.backlog(ctx, now); err == nil {
@@ -59,16 +68,21 @@ func (w *Worker) maintain(ctx context.Context) {
 			}
 			nextCleanup = time.Now().Add(w.cfg.cleanupEvery)
 		}
-		var wait time.Duration
-		switch {
-		case backlog && cleanup:
-			wait = time.Until(minTime(nextBacklog, nextCleanup))
-		case backlog:
-			wait = time.Until(nextBacklog)
-		default:
-			wait = time.Until(nextCleanup)
+		if !now.Before(nextProgress) {
+			reported = w.logProgress(ctx, reported)
+			nextProgress = time.Now().Add(w.cfg.progressEvery)
 		}
-		timer := time.NewTimer(max(wait, time.Millisecond))
+		next := nextProgress
+		if checking {
+			next = minTime(next, nextCheck)
+		}
+		if backlog {
+			next = minTime(next, nextBacklog)
+		}
+		if cleanup {
+			next = minTime(next, nextCleanup)
+		}
+		timer := time.NewTimer(max(time.Until(next), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			timer.Stop()

@@ -49,8 +49,9 @@ type BatchResult struct {
 	// NotDelivered are the messages the publish failed without the broker refusing them: the
 	// publisher returned an error for the whole batch (connection refused or lost, a timeout) that
 	// splitting the batch did not pin on a message, or named them with an error wrapping
-	// ErrBrokerUnavailable. They are pending again with their attempt given back (their Err is
-	// recorded as last_error); none is ever made dead this way.
+	// ErrBrokerUnavailable or ErrMisconfigured (errors.Is on Err tells a configuration error apart:
+	// a destination that does not exist, credentials refused). They are pending again with their
+	// attempt given back (their Err is recorded as last_error); none is ever made dead this way.
 	NotDelivered []FailedMessage
 	// Released is the number of events handed back unpublished, with the attempt given back, because
 	// the worker was stopping.

@@ -14,7 +14,8 @@ import (
 // A publisher answers for a batch: nil (every message taken), a *PublishError naming the messages the
 // broker refused, or another error. Only a refusal says something about a message; an error that
 // names none (connection refused, a timeout, broker unavailable) says the broker was not there, and
-// spends no attempt: the rows go back to pending as they were, and Run backs off. But an error that
+// spends no attempt (and so does one that says the broker or the relay is misconfigured,
+// ErrMisconfigured): the rows go back to pending as they were, and Run backs off. But an error that
 // names none may also be one message making the publisher fail its whole batch (too large, say).
 // So a batch that fails whole is split in halves, and the halves published; once the broker has
 // taken any message of the batch it is known to be up, and the splitting goes on until each message
@@ -103,7 +104,7 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 					ferr = err
 				}
 				kind := refused
-				if errors.Is(ferr, ErrBrokerUnavailable) {
+				if notTaken(ferr) {
 					kind = unsent
 				}
 				out[s.lo+i] = delivery{kind: kind, err: ferr}
@@ -127,9 +128,10 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 		if !took {
 			wholeFails++
 		}
-		if ctx.Err() != nil || errors.Is(err, ErrBrokerUnavailable) {
+		if ctx.Err() != nil || notTaken(err) {
 			// The publish timeout (or shutdown) cut the call short, or the publisher says the broker
-			// is not there: that says nothing of the messages, and splitting would not either.
+			// is not there or is configured wrong: that says nothing of the messages, and splitting
+			// would not either.
 			markUnsent(out[s.lo:s.hi], err)
 			continue
 		}
@@ -148,6 +150,13 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 		}
 	}
 	return out, unknownIDs
+}
+
+// notTaken reports whether err, a publisher's error, says the broker did not take the message(s)
+// for a reason that is not theirs: it is unavailable, or it or the relay is misconfigured. No
+// attempt is spent on such a delivery.
+func notTaken(err error) bool {
+	return errors.Is(err, ErrBrokerUnavailable) || errors.Is(err, ErrMisconfigured)
 }
 
 func cmpErr(errs ...error) error {

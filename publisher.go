@@ -54,7 +54,9 @@ func messageKey(aggregateType, aggregateID string) string {
 //     splits the batch in halves and publishes them, to find a message that makes the whole batch fail
 //     — once the broker took any message of the batch, a message that still fails alone counts as
 //     refused — and if the broker takes none, the events go back to pending, attempts untouched, and
-//     Run backs off. An outage of any length kills no event.
+//     Run backs off. An outage of any length kills no event. An error that wraps ErrMisconfigured — a
+//     destination that does not exist, credentials the broker refuses — is handled the same way (not
+//     split, no attempt spent) and reported apart: logged at error, and by Worker.Health.
 //
 // Publish must honour ctx: the worker bounds each batch with its publish timeout, and a call cut short
 // by it counts as a failure that names no message.

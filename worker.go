@@ -46,6 +46,10 @@ type Worker struct {
 	prepareMu sync.Mutex
 	prepared  bool
 
+	health        workerHealth
+	counts        workerCounts
+	misconfigured misconfiguredLog
+
 	// skew is added to the worker's wall clock, the time it gives statements that take it (SQLite's,
 	// and attempt histories): set by tests, to play a host whose clock is off.
 	skew time.Duration
@@ -84,6 +88,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 			retention:      DefaultRetention,
 			listen:         true,
 			backlogEvery:   DefaultBacklogEvery,
+			progressEvery:  DefaultProgressInterval,
 			logger:         slog.Default(),
 			observer:       NopObserver{},
 		},
@@ -161,6 +166,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		cw.workers.Store(w, struct{}{})
 		defer cw.workers.Delete(w)
 	}
+	w.logStart(ctx)
+	defer w.logStop(ctx)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan struct{})
@@ -222,7 +229,7 @@ func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
 		return
 	}
 	c.res.Released = len(c.rows)
-	w.cfg.observer.BatchDone(ctx, c.res)
+	w.batchDone(ctx, c.res)
 }
 
 // finishTimeout bounds the statements that record a batch's outcome, which run even when the worker is
@@ -333,13 +340,16 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	}
 	c.res.ClaimDuration = time.Since(start)
 	if err != nil {
-		return nil, fmt.Errorf("outboxplugin: claim: %w", err)
+		err = fmt.Errorf("outboxplugin: claim: %w", err)
+		w.noteClaim(err, 0)
+		return nil, err
 	}
+	w.noteClaim(nil, len(rows))
 	if prev != nil {
 		prev.marked = true
 		prev.res.FinishDuration = c.res.ClaimDuration
 		w.noteLeaseLost(ctx, &prev.res, len(prevDone.ids), marked)
-		w.cfg.observer.BatchDone(ctx, prev.res)
+		w.batchDone(ctx, prev.res)
 	}
 	c.res.Claimed = len(rows)
 	rows, c.alone = w.isolateUnfinished(ctx, w.buryUnpublishable(ctx, rows))
@@ -370,6 +380,7 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 		return rows // the usual case: no copy on the hot path
 	}
 	var good []claimedRow
+	var buried []FailedMessage
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	now := w.wallClock(time.Now())
@@ -390,10 +401,14 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 				slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", merr))
 			continue
 		}
-		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: event marked dead before its delivery",
-			slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.String("event_type", r.msg.EventType),
-			slog.Int("attempts", r.msg.Attempt-1), slog.Any("error", err))
+		buried = append(buried, FailedMessage{Message: r.msg, Err: err, Dead: true})
 		w.cfg.observer.Dead(ctx, r.msg, err)
+	}
+	w.counts.dead.Add(int64(len(buried)))
+	for _, g := range groupFailures(BatchResult{Failed: buried}) {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: events marked dead before their delivery",
+			slog.String("worker", w.owner), slog.Int("events", g.n), slog.Any("event_types", g.types),
+			slog.Any("message_ids", g.ids), slog.Any("error", g.err))
 	}
 	return good
 }

@@ -23,6 +23,7 @@ type workerConfig struct {
 	retention       time.Duration
 	listen          bool
 	backlogEvery    time.Duration
+	progressEvery   time.Duration
 	logger          *slog.Logger
 	observer        Observer
 }
@@ -240,6 +241,20 @@ func WithBacklogInterval(d time.Duration) WorkerOption {
 			return fmt.Errorf("%w: backlog interval %v", ErrInvalidOption, d)
 		}
 		c.backlogEvery = d
+		return nil
+	}
+}
+
+// WithProgressInterval sets how often, at most, Run logs its progress at info (default
+// DefaultProgressInterval, 30 s): the events published, refused, dead and not delivered since the
+// last such line, and the backlog — pending events and the age of the oldest — measured for it. No
+// line is written, and nothing measured, for an interval in which nothing happened.
+func WithProgressInterval(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: progress interval %v", ErrInvalidOption, d)
+		}
+		c.progressEvery = d
 		return nil
 	}
 }

@@ -53,6 +53,27 @@ type brokerConfig struct {
 	topic         string         // Kafka
 	kafkaRoots    *x509.CertPool // Kafka over TLS: the roots of --kafka-ca-file, nil for the system's
 	exchange      string         // RabbitMQ
+	// starting is set, while the first connection is retried, to why it fails when the broker says
+	// (a refused login): /readyz tells it.
+	starting *atomic.Pointer[string]
+}
+
+// startCheckTimeout bounds the connection check of each broker at start-up.
+const startCheckTimeout = 5 * time.Second
+
+// logStartCheck logs what a broker's client says at start-up: nothing when it answers; an error when
+// it refuses the configuration (credentials, a destination), a warning when it does not answer (its
+// client keeps connecting in the background).
+func logStartCheck(log *slog.Logger, system, addr string, err error) {
+	switch {
+	case err == nil:
+		log.Info("connected to "+system, "address", addr)
+	case errors.Is(err, outboxplugin.ErrMisconfigured):
+		log.Error(system+" refused the relay's configuration (credentials or destination); the relay runs, not ready, until it is fixed",
+			"address", addr, "error", err)
+	default:
+		log.Warn(system+" not reachable at start-up; connecting in the background", "address", addr, "error", err)
+	}
 }
 
 // broker is the connection to the broker and the publisher over it.
@@ -273,7 +294,7 @@ func openBroker(ctx context.Context, scheme string, cfg brokerConfig, log *slog.
 	case schemeAMQP, schemeAMQPS:
 		return openRabbitMQ(ctx, cfg, log)
 	case schemeRedis:
-		return openRedis(cfg)
+		return openRedis(cfg, log)
 	}
 	return nil, usagef("--broker: unknown scheme %q", scheme)
 }
@@ -291,7 +312,13 @@ func openNATS(cfg brokerConfig, log *slog.Logger) (*broker, error) {
 				log.Warn("disconnected from NATS", "error", err)
 			}
 		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS", "error", err) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrPermissionViolation) {
+				log.Error("NATS refused the credentials or a permission", "error", err)
+				return
+			}
+			log.Warn("NATS", "error", err)
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS: %w", err)
@@ -305,7 +332,7 @@ func openNATS(cfg brokerConfig, log *slog.Logger) (*broker, error) {
 	opts := []outboxnats.Option{outboxnats.WithSubject(func(m outboxplugin.Message) string {
 		aggregate, event := outboxplugin.RouteTokens(m)
 		return prefix + "." + aggregate + "." + event
-	})}
+	}), outboxnats.WithCheckSubjects(prefix + ".>")}
 	if cfg.stream != "" {
 		opts = append(opts, outboxnats.WithExpectedStream(cfg.stream))
 	}
@@ -314,11 +341,25 @@ func openNATS(cfg brokerConfig, log *slog.Logger) (*broker, error) {
 		nc.Close()
 		return nil, usageError{err}
 	}
+	if !nc.IsConnected() {
+		// The first try failed (RetryOnFailedConnect): say so, and why when the server said.
+		err := nc.LastError()
+		if err == nil {
+			err = nats.ErrNoServers
+		}
+		if errors.Is(err, nats.ErrAuthorization) {
+			err = fmt.Errorf("%w: %w", outboxplugin.ErrMisconfigured, err)
+		}
+		logStartCheck(log, "NATS", natsServers(cfg.url), err)
+	}
 	return &broker{
 		system: "nats",
 		pub:    pub,
 		connected: func(context.Context) error {
 			if !nc.IsConnected() {
+				if err := nc.LastError(); errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
+					return errors.New("broker refused the credentials (authorization violation)")
+				}
 				return errors.New("broker not connected")
 			}
 			return nil
@@ -328,7 +369,7 @@ func openNATS(cfg brokerConfig, log *slog.Logger) (*broker, error) {
 	}, nil
 }
 
-func openRedis(cfg brokerConfig) (*broker, error) {
+func openRedis(cfg brokerConfig, log *slog.Logger) (*broker, error) {
 	ropts, err := redis.ParseURL(cfg.url)
 	if err != nil {
 		return nil, usagef("--broker: not a valid redis:// URL") // its error may quote the URL
@@ -339,18 +380,25 @@ func openRedis(cfg brokerConfig) (*broker, error) {
 	var opts []outboxredis.Option
 	if cfg.stream != "" {
 		stream := cfg.stream
-		opts = append(opts, outboxredis.WithStream(func(outboxplugin.Message) string { return stream }))
+		opts = append(opts, outboxredis.WithStream(func(outboxplugin.Message) string { return stream }),
+			outboxredis.WithCheckStreams(stream))
 	}
 	pub, err := outboxredis.New(client, opts...)
 	if err != nil {
 		_ = client.Close()
 		return nil, usageError{err}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	logStartCheck(log, "Redis", ropts.Addr, pub.Check(ctx))
+	cancel()
 	return &broker{
 		system: "redis",
 		pub:    pub,
 		connected: func(ctx context.Context) error {
-			if client.Ping(ctx).Err() != nil {
+			if err := client.Ping(ctx).Err(); err != nil {
+				if msg := err.Error(); strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOAUTH") {
+					return errors.New("broker refused the credentials")
+				}
 				return errors.New("broker not connected")
 			}
 			return nil
@@ -392,13 +440,17 @@ func openKafka(cfg brokerConfig, log *slog.Logger) (*broker, error) {
 	var opts []outboxkafka.Option
 	if cfg.topic != "" {
 		topic := cfg.topic
-		opts = append(opts, outboxkafka.WithTopic(func(outboxplugin.Message) string { return topic }))
+		opts = append(opts, outboxkafka.WithTopic(func(outboxplugin.Message) string { return topic }),
+			outboxkafka.WithCheckTopics(topic))
 	}
 	pub, err := outboxkafka.New(client, opts...)
 	if err != nil {
 		client.Close()
 		return nil, usageError{err}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	logStartCheck(log, "Kafka", strings.Join(k.seeds, ","), pub.Check(ctx))
+	cancel()
 	return &broker{
 		system: "kafka",
 		pub:    pub,
@@ -439,7 +491,20 @@ func openRabbitMQ(ctx context.Context, cfg brokerConfig, log *slog.Logger) (*bro
 		if errors.Is(err, outboxplugin.ErrInvalidOption) {
 			return nil, usageError{err}
 		}
-		log.Warn("RabbitMQ not reachable, retrying", "try", try, "retry_in", backoff.String(), "error", err)
+		if errors.Is(err, outboxplugin.ErrMisconfigured) {
+			// A refused login, vhost or exchange declaration: said as such, and retried — the
+			// user or the permission may be created on the broker meanwhile.
+			why := "broker refused the relay's configuration (credentials, vhost or exchange)"
+			if errors.Is(err, amqp.ErrCredentials) {
+				why = "broker refused the credentials"
+			}
+			if cfg.starting != nil {
+				cfg.starting.Store(&why)
+			}
+			log.Error("RabbitMQ: "+why+"; retrying", "address", addr, "try", try, "retry_in", backoff.String(), "error", err)
+		} else {
+			log.Warn("RabbitMQ not reachable, retrying", "address", addr, "try", try, "retry_in", backoff.String(), "error", err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, nil
@@ -447,7 +512,7 @@ func openRabbitMQ(ctx context.Context, cfg brokerConfig, log *slog.Logger) (*bro
 		}
 		backoff = min(2*backoff, connectBackoffMax)
 	}
-	log.Info("connected to RabbitMQ")
+	log.Info("connected to RabbitMQ", "address", addr)
 	tp := &trackedPublisher{Publisher: pub}
 	return &broker{
 		system: "rabbitmq",
@@ -498,4 +563,15 @@ func notDelivered(err error) bool {
 		}
 	}
 	return false
+}
+
+// natsServers names the servers of a NATS URL list without credentials.
+func natsServers(raw string) string {
+	var out []string
+	for _, s := range strings.Split(raw, ",") {
+		if u, err := url.Parse(strings.TrimSpace(s)); err == nil {
+			out = append(out, u.Redacted())
+		}
+	}
+	return strings.Join(out, ",")
 }

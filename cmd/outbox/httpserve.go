@@ -17,6 +17,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin"
 	outboxui "github.com/gorm-outbox/outboxplugin/ui"
 )
 
@@ -37,15 +38,23 @@ func newMetrics() (*sdkmetric.MeterProvider, http.Handler, error) {
 	return mp, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }
 
-// readiness answers /readyz: ready when the database answers a ping and the broker is connected.
+// readiness answers /readyz: ready when the database answers a ping, the broker is connected, and
+// every worker is healthy (outboxplugin.Worker.Health: its claims succeed, and the broker does not
+// refuse all it publishes for a configuration error).
 type readiness struct {
 	db     atomic.Pointer[gorm.DB] // nil until the first connection succeeded
 	broker atomic.Pointer[broker]
+	// starting is why the broker is not connected yet, when the start-up knows (a refused login).
+	starting atomic.Pointer[string]
+	workers  atomic.Pointer[[]*outboxplugin.Worker]
+	// redact removes credentials from the reasons, which may quote a driver's or a broker's error.
+	redact func(string) string
 	// console is the web console of --ui, set once the database answered.
 	console atomic.Pointer[outboxui.Console]
 }
 
-// check returns nil when ready, or a short reason that holds no error text (and so no credentials).
+// check returns nil when ready, or a short reason without credentials: the database's and the
+// broker's hold no error text, a worker's is its Health, redacted.
 func (r *readiness) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
@@ -59,9 +68,26 @@ func (r *readiness) check(ctx context.Context) error {
 	}
 	b := r.broker.Load()
 	if b == nil {
+		if why := r.starting.Load(); why != nil {
+			return errors.New(*why)
+		}
 		return errors.New("broker not connected yet")
 	}
-	return b.connected(ctx)
+	if err := b.connected(ctx); err != nil {
+		return err
+	}
+	if ws := r.workers.Load(); ws != nil {
+		for _, w := range *ws {
+			if err := w.Health(); err != nil {
+				reason := err.Error()
+				if r.redact != nil {
+					reason = r.redact(reason)
+				}
+				return fmt.Errorf("worker %s: %s", w.Owner(), reason)
+			}
+		}
+	}
+	return nil
 }
 
 // healthServer serves /metrics, /healthz and /readyz on a listener.

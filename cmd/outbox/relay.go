@@ -83,15 +83,18 @@ SIGINT. The broker is chosen by the scheme of --broker:
 
 Several relays (replicas) may run on one table: each event is leased by one worker at a time.
 The first connection to the database (and to RabbitMQ) is retried with backoff until it succeeds;
-NATS, Kafka and Redis down at start-up are connected to in the background. /readyz says whether the
-database and the broker answer.
+NATS, Kafka and Redis down at start-up are logged and connected to in the background. A broker that
+refuses the configuration — credentials, a NATS subject no stream captures, a missing exchange, an
+unknown --topic, a --stream key of another type — is logged at error, naming it and the broker; the
+relay keeps running, not ready, spending no attempt, and recovers once it is fixed.
 
 On SIGTERM or SIGINT the workers finish or hand back the batch in flight (within --publish-timeout)
 and the command exits 0.
 
 --http serves /metrics (Prometheus text: the metrics of github.com/gorm-outbox/outboxplugin/otel),
-/healthz (200 while the process runs) and /readyz (200 when the database answers a ping and the
-broker is connected, else 503 with a JSON reason).
+/healthz (200 while the process runs) and /readyz (200 when the database answers a ping, the
+broker is connected and every worker is healthy — its claims succeed, and the broker does not refuse
+all it publishes for a configuration error — else 503 with a JSON reason naming the cause).
 
 The worker options left at 0 (or unset) take the defaults of the core package, shown in each flag.
 Credentials in --db and --broker never appear in the logs, errors or HTTP responses. For mounted
@@ -207,6 +210,38 @@ func (f *relayFlags) newLogger(w io.Writer) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want text or json", f.logFormat)
 }
 
+// startAttrs are the attributes of the relay's start line: its effective configuration, with dsn and
+// brokerURL already redacted. Worker options left at 0 are shown as the core's defaults ("default").
+func (f *relayFlags) startAttrs(scheme, kind, dsn, brokerURL, table string) []any {
+	orDefault := func(set bool, v any) any {
+		if set {
+			return v
+		}
+		return "default"
+	}
+	attrs := []any{"database", kind, "db", dsn, "broker", brokerURL, "table", table, "workers", f.workers,
+		"batch_size", orDefault(f.batchSize != 0, f.batchSize),
+		"lease", orDefault(f.lease != 0, f.lease.String()),
+		"poll_interval", orDefault(f.pollInterval != 0, f.pollInterval.String()),
+		"publish_timeout", orDefault(f.publishTimeout != 0, f.publishTimeout.String()),
+		"max_attempts", orDefault(f.maxAttempts != 0, f.maxAttempts),
+		"key_ordering", f.keyOrdering, "delete_on_publish", f.deleteOnPublish, "listen", !f.withoutListen}
+	if f.cleanupEvery != 0 {
+		attrs = append(attrs, "cleanup_every", f.cleanupEvery.String(), "retention", orDefault(f.retention != 0, f.retention.String()))
+	}
+	switch scheme {
+	case schemeNATS:
+		attrs = append(attrs, "subject_prefix", f.subjectPrefix, "stream", f.stream)
+	case schemeKafka:
+		attrs = append(attrs, "topic", f.topic)
+	case schemeAMQP, schemeAMQPS:
+		attrs = append(attrs, "exchange", f.exchange)
+	case schemeRedis:
+		attrs = append(attrs, "stream", f.stream)
+	}
+	return append(attrs, "http", f.http)
+}
+
 // relayRedactor redacts what the relay prints: the app's redaction (the DSN) and the broker URL's
 // passwords.
 type relayRedactor struct {
@@ -301,7 +336,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 		return fmt.Errorf("metrics: %w", err)
 	}
 
-	var ready readiness
+	ready := readiness{redact: r.redact}
 	var wg sync.WaitGroup
 	httpErr := make(chan error, 1)
 	if f.http != "" {
@@ -345,7 +380,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	}
 
 	b, err := openBroker(ctx, scheme, brokerConfig{url: f.broker, subjectPrefix: f.subjectPrefix, stream: f.stream,
-		topic: f.topic, kafkaRoots: f.kafkaCA.roots, exchange: f.exchange}, log)
+		topic: f.topic, kafkaRoots: f.kafkaCA.roots, exchange: f.exchange, starting: &ready.starting}, log)
 	if err != nil {
 		return err
 	}
@@ -366,7 +401,8 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 			return err
 		}
 	}
-	log.Info("relay started", "workers", f.workers, "broker", scheme, "table", a.table)
+	ready.workers.Store(&workers)
+	log.Info("relay started", f.startAttrs(scheme, kind, r.redact(dsn), r.redact(f.broker), a.table)...)
 	return runWorkers(ctx, workers, httpErr, log)
 }
 

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,9 +26,11 @@ import (
 // Publisher publishes outbox messages as Kafka records with a *kgo.Client. It is safe for concurrent
 // use by several workers; the caller owns the client and closes it after the workers have stopped.
 type Publisher struct {
-	client *kgo.Client
-	topic  func(outboxplugin.Message) string
-	flush  bool // the client lingers or flushes by hand: Publish flushes while it waits
+	client      *kgo.Client
+	topic       func(outboxplugin.Message) string
+	flush       bool   // the client lingers or flushes by hand: Publish flushes while it waits
+	brokers     string // the client's seed brokers, for errors
+	checkTopics []string
 }
 
 var _ outboxplugin.Publisher = (*Publisher)(nil)
@@ -82,7 +85,8 @@ func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
 	}
 	linger, _ := client.OptValue(kgo.ProducerLinger).(time.Duration)
 	manual, _ := client.OptValue(kgo.ManualFlushing).(bool)
-	p := &Publisher{client: client, topic: DefaultTopic, flush: linger > 0 || manual}
+	seeds, _ := client.OptValue(kgo.SeedBrokers).([]string)
+	p := &Publisher{client: client, topic: DefaultTopic, flush: linger > 0 || manual, brokers: strings.Join(seeds, ",")}
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, fmt.Errorf("outboxkafka: %w: nil option", outboxplugin.ErrInvalidOption)
@@ -105,8 +109,12 @@ func New(client *kgo.Client, opts ...Option) (*Publisher, error) {
 // its retries used up (kgo.ErrRecordRetries), a retriable broker error (kerr.IsRetriable: no leader,
 // not enough replicas, ...), a network error, a closed client — also wraps
 // outboxplugin.ErrBrokerUnavailable: the worker retries it without spending an attempt. The error
-// of a record Kafka or the client refused (MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED, a topic
-// that does not exist, no topic at all, ...) does not: its retry spends an attempt.
+// of a record that fails for a configuration error — a topic that does not exist
+// (UNKNOWN_TOPIC_OR_PARTITION), TOPIC_AUTHORIZATION_FAILED, a SASL login refused — wraps
+// outboxplugin.ErrMisconfigured instead, naming the topic and the seed brokers: no attempt is spent
+// either, and the worker reports it at error and in Worker.Health. The error of a record Kafka or
+// the client refused (MESSAGE_TOO_LARGE, CORRUPT_MESSAGE, no topic at all, ...) wraps neither: its
+// retry spends an attempt.
 //
 // The client retries lost connections and retriable broker errors by itself, within ctx; a broker
 // that stays away fails the batch, as not delivered, when ctx ends, and a later Publish uses the
@@ -122,7 +130,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		return fmt.Errorf("outboxkafka: publish: %w", err)
 	}
 	records := buildRecords(msgs, p.topic)
-	b := &pendingBatch{left: len(records), results: make([]recordResult, len(records)), done: make(chan struct{})}
+	b := &pendingBatch{brokers: p.brokers, left: len(records), results: make([]recordResult, len(records)), done: make(chan struct{})}
 	for i := range records {
 		b.results[i].topic = records[i].Topic
 	}
@@ -197,6 +205,7 @@ func buildRecords(msgs []outboxplugin.Message, topic func(outboxplugin.Message) 
 // own goroutine, possibly after Publish has returned on a deadline; the mutex orders them with the
 // read of the results.
 type pendingBatch struct {
+	brokers string // the seed brokers, for errors
 	mu      sync.Mutex
 	left    int
 	results []recordResult
@@ -248,7 +257,9 @@ func (b *pendingBatch) failures(msgs []outboxplugin.Message, ctxErr error) error
 		default:
 			err = fmt.Errorf("topic %q: %w", res.topic, res.err)
 		}
-		if unavailable(err) {
+		if misconfigured(err) {
+			err = fmt.Errorf("outboxkafka: %w (brokers %s): %w", outboxplugin.ErrMisconfigured, b.brokers, err)
+		} else if unavailable(err) {
 			err = fmt.Errorf("outboxkafka: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 		} else {
 			err = fmt.Errorf("outboxkafka: %w", err)

@@ -148,8 +148,8 @@ func TestWithTopic(t *testing.T) {
 }
 
 // TestPartlyFailedBatch relays a batch in which Kafka refuses one record (a topic the producer may
-// not write) and the client refuses another (larger than a batch may be): only those two stay pending,
-// with their error, and the others are published and marked done.
+// not write: a configuration error) and the client refuses another (larger than a batch may be):
+// only those two stay pending, with their error, and the others are published and marked done.
 func TestPartlyFailedBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -178,7 +178,7 @@ func TestPartlyFailedBatch(t *testing.T) {
 	pub, err := outboxkafka.New(newProducer(t, cluster))
 	require.NoError(t, err)
 	var failed []outboxplugin.FailedMessage
-	obs := observerFunc(func(r outboxplugin.BatchResult) { failed = append(failed, r.Failed...) })
+	obs := observerFunc(func(r outboxplugin.BatchResult) { failed = append(append(failed, r.Failed...), r.NotDelivered...) })
 	n, err := mustWorker(t, db, pub, outboxplugin.WithoutListen(), outboxplugin.WithObserver(obs), quiet).ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
@@ -189,7 +189,9 @@ func TestPartlyFailedBatch(t *testing.T) {
 	}
 	require.Len(t, errOf, 2)
 	require.ErrorIs(t, errOf[rows[1].MessageID], kerr.TopicAuthorizationFailed)
+	require.ErrorIs(t, errOf[rows[1].MessageID], outboxplugin.ErrMisconfigured, "a permission refused: a configuration error")
 	require.ErrorIs(t, errOf[rows[2].MessageID], kerr.MessageTooLarge)
+	require.NotErrorIs(t, errOf[rows[2].MessageID], outboxplugin.ErrMisconfigured)
 	for id, err := range errOf {
 		require.NotErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "%s was refused", id)
 	}

@@ -18,16 +18,16 @@ import (
 // NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT, ...), and when the client was closed or is aborting its
 // buffered records, or its buffer is full (kgo.ErrMaxBuffered, flushing by hand).
 //
-// Two errors Kafka calls retriable are refusals all the same: UNKNOWN_TOPIC_OR_PARTITION (and
+// Two errors Kafka calls retriable are not unavailability: UNKNOWN_TOPIC_OR_PARTITION (and
 // UNKNOWN_TOPIC_ID), which kgo gives up on after kgo.UnknownTopicRetries because the topic does not
-// exist — a topic function or a cluster configured wrong, which waiting does not mend — and
-// CORRUPT_MESSAGE, which kgo never retries and which Kafka also returns for a record its topic does
-// not take (a null key on a compacted topic). Counting them as refusals lets such a message end dead
-// instead of being retried for ever. Everything else (MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED,
-// INVALID_RECORD, a record without a topic, ...) is a refusal too.
+// exist — a topic function or a cluster configured wrong, which waiting does not mend: a
+// configuration error (misconfigured) — and CORRUPT_MESSAGE, which kgo never retries and which Kafka
+// also returns for a record its topic does not take (a null key on a compacted topic): a refusal, so
+// that such a message ends dead instead of being retried for ever. Everything else
+// (MESSAGE_TOO_LARGE, INVALID_RECORD, a record without a topic, ...) is a refusal too.
 func unavailable(err error) bool {
 	switch {
-	case errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.UnknownTopicID), errors.Is(err, kerr.CorruptMessage):
+	case misconfigured(err), errors.Is(err, kerr.CorruptMessage):
 		return false
 	case isContextErr(err),
 		errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, kgo.ErrRecordRetries),
@@ -40,4 +40,18 @@ func unavailable(err error) bool {
 	// choose how it retries.
 	var opErr *net.OpError
 	return errors.As(err, &opErr)
+}
+
+// misconfigured reports whether err, the failure of one record, says the client or the cluster is
+// configured wrong: the topic does not exist, or the credentials or the permissions are refused.
+// Publish wraps it with outboxplugin.ErrMisconfigured: the worker spends no attempt on it, backs off,
+// and reports it at error and in Worker.Health.
+func misconfigured(err error) bool {
+	for _, e := range []error{kerr.UnknownTopicOrPartition, kerr.UnknownTopicID, kerr.TopicAuthorizationFailed,
+		kerr.ClusterAuthorizationFailed, kerr.SaslAuthenticationFailed, kerr.UnsupportedSaslMechanism, kerr.IllegalSaslState} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }

@@ -51,3 +51,26 @@ func TestUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// TestMisconfigured checks which failures of a record are configuration errors.
+func TestMisconfigured(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{kerr.UnknownTopicOrPartition, true},
+		{fmt.Errorf("no partitions available after attempting to refresh metadata 5 times, last err: %w", kerr.UnknownTopicOrPartition), true},
+		{kerr.UnknownTopicID, true},
+		{kerr.TopicAuthorizationFailed, true},
+		{kerr.ClusterAuthorizationFailed, true},
+		{kerr.SaslAuthenticationFailed, true},
+		{kerr.MessageTooLarge, false},
+		{kerr.CorruptMessage, false},
+		{kerr.NotLeaderForPartition, false},
+		{kgo.ErrRecordTimeout, false},
+	} {
+		if got := misconfigured(tc.err); got != tc.want {
+			t.Errorf("misconfigured(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/gorm-outbox/outboxplugin"
@@ -44,6 +45,7 @@ type Publisher struct {
 	js             jetstream.JetStream
 	subject        func(outboxplugin.Message) string
 	expectedStream string
+	checkSubjects  []string // nil: the default of WithCheckSubjects
 }
 
 // Option configures a Publisher.
@@ -81,13 +83,19 @@ func New(js jetstream.JetStream, opts ...Option) (*Publisher, error) {
 	if js == nil {
 		return nil, fmt.Errorf("outboxnats: New: %w: nil JetStream", outboxplugin.ErrInvalidOption)
 	}
-	p := &Publisher{js: js, subject: DefaultSubject}
+	p := &Publisher{js: js}
 	for _, opt := range opts {
 		if opt == nil {
 			continue
 		}
 		if err := opt(p); err != nil {
 			return nil, fmt.Errorf("outboxnats: New: %w", err)
+		}
+	}
+	if p.subject == nil {
+		p.subject = DefaultSubject
+		if p.checkSubjects == nil {
+			p.checkSubjects = []string{"outbox.>"}
 		}
 	}
 	return p, nil
@@ -111,10 +119,14 @@ func DefaultSubject(m outboxplugin.Message) string {
 //     came before ctx ended or the client's publish timeout, JetStream answered 503 (temporarily
 //     unavailable, out of resources): the error wraps outboxplugin.ErrBrokerUnavailable, and the
 //     worker retries the message without spending an attempt;
-//   - the server or the client refused it — too large, an invalid subject, no stream capturing its
-//     subject, a stream that refuses it (its limits with DiscardNew, WithExpectedStream): the error
-//     does not, and the retry spends an attempt, so that a message that can never be stored ends
-//     dead instead of being retried for ever.
+//   - the relay or the server is configured wrong — no stream captures its subject, the stream of
+//     WithExpectedStream does not, the server refused the credentials or the permission to publish:
+//     the error wraps outboxplugin.ErrMisconfigured and names the subject (and the stream) and the
+//     server, and the worker retries the message without spending an attempt, reporting the cause
+//     at error and in Worker.Health until it is fixed;
+//   - the server or the client refused it — too large, an invalid subject, a stream that refuses it
+//     by its limits (DiscardNew): the error wraps neither, and the retry spends an attempt, so that
+//     a message that can never be stored ends dead instead of being retried for ever.
 //
 // When the connection is down it fails the whole batch at once, without waiting, with an error
 // wrapping outboxplugin.ErrBrokerUnavailable: the NATS client reconnects by itself (unless it gave
@@ -128,17 +140,25 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 	}
 	nc := p.js.Conn()
 	if err := connected(nc); err != nil {
+		if refused := nc.LastError(); misconfigured(refused) {
+			return fmt.Errorf("outboxnats: publish: %w: the server refused the credentials (server %s): %w", outboxplugin.ErrMisconfigured, serverOf(nc), refused)
+		}
 		return fmt.Errorf("outboxnats: publish: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 	}
 
 	var failed map[string]error
-	fail := func(id string, err error) {
+	subjects := make([]string, len(msgs))
+	fail := func(i int, err error) {
 		if failed == nil {
 			failed = make(map[string]error)
 		}
-		if unavailable(err) {
+		id := msgs[i].ID
+		switch {
+		case misconfigured(err):
+			failed[id] = fmt.Errorf("outboxnats: %w: %s: %w", outboxplugin.ErrMisconfigured, p.misconfiguration(nc, subjects[i], err), err)
+		case unavailable(err):
 			failed[id] = fmt.Errorf("outboxnats: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
-		} else {
+		default:
 			failed[id] = fmt.Errorf("outboxnats: %w", err)
 		}
 	}
@@ -147,6 +167,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 	for i := range msgs {
 		m := &msgs[i]
 		msg, err := p.natsMsg(m)
+		if msg != nil {
+			subjects[i] = msg.Subject
+		}
 		stop := false
 		switch {
 		case err != nil:
@@ -158,11 +181,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		if err == nil {
 			continue
 		}
-		fail(m.ID, err)
+		fail(i, err)
 		if stop {
 			// The rest of the batch cannot go out either: fail it without trying.
 			for j := i + 1; j < len(msgs); j++ {
-				fail(msgs[j].ID, err)
+				fail(j, err)
 			}
 			break
 		}
@@ -175,13 +198,13 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			fail(msgs[i].ID, err)
+			fail(i, err)
 		case <-ctx.Done():
 			// Whatever was acknowledged by now is stored; the rest counts as failed, and if the
 			// stream stores it after all, the retry is dropped as a duplicate.
 			for j := i; j < len(futures); j++ {
 				if futures[j] != nil && !acknowledged(futures[j]) {
-					fail(msgs[j].ID, fmt.Errorf("no acknowledgement: %w", ctx.Err()))
+					fail(j, fmt.Errorf("no acknowledgement: %w", ctx.Err()))
 				}
 			}
 			return outboxplugin.FailedMessages(failed)
@@ -217,6 +240,34 @@ func (p *Publisher) publishAsync(ctx context.Context, nc *nats.Conn, msg *nats.M
 			return nil, false, err // this message only: too large, a bad header, a bad subject
 		}
 	}
+}
+
+// misconfiguration describes a configuration error of a message to subject: what is missing, and
+// the server.
+func (p *Publisher) misconfiguration(nc *nats.Conn, subject string, err error) string {
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired):
+		return fmt.Sprintf("the server refused the credentials (server %s)", serverOf(nc))
+	case errors.Is(err, nats.ErrPermissionViolation):
+		return fmt.Sprintf("no permission to publish to subject %q (server %s)", subject, serverOf(nc))
+	case p.expectedStream != "":
+		return fmt.Sprintf("stream %q does not capture subject %q, or does not exist (server %s)", p.expectedStream, subject, serverOf(nc))
+	}
+	return fmt.Sprintf("no JetStream stream captures subject %q (server %s)", subject, serverOf(nc))
+}
+
+// serverOf names the server of nc without credentials: the one it is connected to, or else the
+// first it knows of.
+func serverOf(nc *nats.Conn) string {
+	if u := nc.ConnectedUrlRedacted(); u != "" {
+		return u
+	}
+	for _, s := range nc.Servers() {
+		if u, err := url.Parse(s); err == nil {
+			return u.Redacted()
+		}
+	}
+	return "unknown"
 }
 
 // connected reports an error unless nc is connected.

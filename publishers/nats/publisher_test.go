@@ -194,17 +194,21 @@ func TestPartlyFailedBatch(t *testing.T) {
 	require.ErrorAs(t, err, &perr)
 	require.Len(t, perr.Failed, 3)
 	assert.ErrorIs(t, perr.Failed[msgs[1].ID], jetstream.ErrNoStreamResponse)
+	assert.ErrorIs(t, perr.Failed[msgs[1].ID], outboxplugin.ErrMisconfigured, "no stream: a configuration error")
+	assert.Contains(t, perr.Failed[msgs[1].ID].Error(), nowhere+".x", "names the subject")
 	assert.ErrorIs(t, perr.Failed[msgs[2].ID], nats.ErrMaxPayload)
 	assert.ErrorIs(t, perr.Failed[msgs[3].ID], outboxnats.ErrInvalidSubject)
 	for id, err := range perr.Failed {
 		assert.NotErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "%s was refused, not lost", id)
 	}
+	assert.NotErrorIs(t, perr.Failed[msgs[2].ID], outboxplugin.ErrMisconfigured)
+	assert.NotErrorIs(t, perr.Failed[msgs[3].ID], outboxplugin.ErrMisconfigured)
 
 	got := readStream(t, stream, 2)
 	assert.Equal(t, msgs[0].ID, got[0].Headers().Get(jetstream.MsgIDHeader))
 	assert.Equal(t, msgs[4].ID, got[1].Headers().Get(jetstream.MsgIDHeader))
 
-	// Through a worker: the stored event is done, the other one waits for its retry.
+	// Through a worker: the stored event is done, the other one is pending again, no attempt spent.
 	db := openDB(t)
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 		if err := outboxplugin.Emit(tx, "ok", map[string]int{"n": 6}); err != nil {
@@ -220,7 +224,7 @@ func TestPartlyFailedBatch(t *testing.T) {
 	require.Len(t, rows, 2)
 	assert.True(t, rows[0].Processed)
 	assert.False(t, rows[1].Processed)
-	assert.Equal(t, 1, rows[1].Attempts)
+	assert.Equal(t, 0, rows[1].Attempts)
 	require.NotNil(t, rows[1].LastError)
 	assert.Contains(t, *rows[1].LastError, "no response from stream")
 	readStream(t, stream, 3)

@@ -18,13 +18,14 @@ import (
 // no acknowledgement came in time (ctx, or jetstream.WithPublishAsyncTimeout), and when JetStream
 // answered 503: temporarily unavailable (no stream leader yet), out of resources, not enabled.
 //
-// Everything else is a refusal, among them two that look like an absent server but are not:
-// jetstream.ErrNoStreamResponse, which is what a publish gets when no stream captures its subject
-// (a subject or stream configured wrong, which retrying does not mend; the client has already
-// retried no-responders twice, 250 ms apart, which covers a stream leader being elected), and
-// a stream that refuses the message by its limits (DiscardNew) or by WithExpectedStream. Counting
-// those as refusals lets such a message end dead, instead of being retried for ever and making the
-// worker take the broker for down each time a batch holds nothing else.
+// A subject no stream captures (jetstream.ErrNoStreamResponse: the client has already retried
+// no-responders twice, 250 ms apart, which covers a stream leader being elected), a message the
+// stream named by WithExpectedStream does not capture, and credentials or permissions the server
+// refuses are configuration errors (misconfigured): Publish wraps them with
+// outboxplugin.ErrMisconfigured, which spends no attempt either, but is reported apart.
+//
+// Everything else is a refusal, a stream that refuses the message by its limits (DiscardNew) among
+// them: the retry spends an attempt.
 func unavailable(err error) bool {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
@@ -40,4 +41,22 @@ func unavailable(err error) bool {
 	}
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && apiErr.Code == http.StatusServiceUnavailable
+}
+
+// JetStream error codes of configuration errors.
+const (
+	errCodeStreamNotMatch jetstream.ErrorCode = 10060 // the expected stream is not the subject's
+)
+
+// misconfigured reports whether err, the failure of one message, says the relay or the server is
+// configured wrong (see unavailable): no stream captures the subject, the expected stream does not,
+// the server refused the credentials or the permission to publish.
+func misconfigured(err error) bool {
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrPermissionViolation):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeStreamNotMatch
 }

@@ -50,3 +50,30 @@ func TestUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// TestMisconfigured checks which failures of a message are configuration errors.
+func TestMisconfigured(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no stream captures the subject", jetstream.ErrNoStreamResponse, true},
+		{"no stream captures the subject, wrapped", fmt.Errorf("x: %w", jetstream.ErrNoStreamResponse), true},
+		{"stream not found", jetstream.ErrStreamNotFound, true},
+		{"expected stream mismatch", &jetstream.APIError{Code: 400, ErrorCode: 10060, Description: "expected stream does not match"}, true},
+		{"authorization violation", nats.ErrAuthorization, true},
+		{"authentication expired", nats.ErrAuthExpired, true},
+		{"permissions violation", fmt.Errorf("%w: publish to x", nats.ErrPermissionViolation), true},
+
+		{"disconnected", nats.ErrDisconnected, false},
+		{"ack timeout", jetstream.ErrAsyncPublishTimeout, false},
+		{"stream full, DiscardNew", &jetstream.APIError{Code: 400, ErrorCode: 10077, Description: "maximum messages exceeded"}, false},
+		{"too large", nats.ErrMaxPayload, false},
+		{"other", errors.New("something else"), false},
+	} {
+		if got := misconfigured(tc.err); got != tc.want {
+			t.Errorf("%s: misconfigured(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -15,25 +16,34 @@ import (
 
 // TestClosedError checks how a closed channel fails the messages it did not confirm: as not
 // delivered when the connection went, as ErrChannelClosed (a refusal of some message) when the broker
-// closed the channel with a channel error.
+// closed the channel with a channel error — and, for a missing exchange or a refused access, as a
+// configuration error naming the broker.
 func TestClosedError(t *testing.T) {
+	p := &Publisher{addr: "127.0.0.1:5672/"}
 	for _, tc := range []struct {
-		name    string
-		reason  *amqp.Error
-		want    error
-		refusal bool
+		name          string
+		reason        *amqp.Error
+		want          error
+		refusal       bool
+		misconfigured bool
 	}{
-		{"closed by the client", nil, ErrConnectionLost, false},
-		{"network error", &amqp.Error{Code: amqp.FrameError, Reason: "EOF"}, ErrConnectionLost, false},
-		{"missed heartbeats", &amqp.Error{Code: amqp.FrameError, Reason: "read tcp: i/o timeout"}, ErrConnectionLost, false},
-		{"broker shutting down", &amqp.Error{Code: amqp.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'", Server: true}, ErrConnectionLost, false},
-		{"exchange not found", &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'x' in vhost '/'", Server: true, Recover: true}, ErrChannelClosed, true},
-		{"message too large", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - message size 200000000 is larger than configured max size 134217728", Server: true, Recover: true}, ErrChannelClosed, true},
-		{"access refused", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED - write access to exchange 'x' refused", Server: true, Recover: true}, ErrChannelClosed, true},
+		{"closed by the client", nil, ErrConnectionLost, false, false},
+		{"network error", &amqp.Error{Code: amqp.FrameError, Reason: "EOF"}, ErrConnectionLost, false, false},
+		{"missed heartbeats", &amqp.Error{Code: amqp.FrameError, Reason: "read tcp: i/o timeout"}, ErrConnectionLost, false, false},
+		{"broker shutting down", &amqp.Error{Code: amqp.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'", Server: true}, ErrConnectionLost, false, false},
+		{"exchange not found", &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange 'x' in vhost '/'", Server: true, Recover: true}, ErrChannelClosed, true, true},
+		{"message too large", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - message size 200000000 is larger than configured max size 134217728", Server: true, Recover: true}, ErrChannelClosed, true, false},
+		{"access refused", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED - write access to exchange 'x' refused", Server: true, Recover: true}, ErrChannelClosed, true, true},
 	} {
-		err := closedError(tc.reason)
+		err := p.closedError(tc.reason)
+		if errors.Is(err, outboxplugin.ErrMisconfigured) != tc.misconfigured {
+			t.Errorf("%s: %v: misconfigured %v, want %v", tc.name, err, !tc.misconfigured, tc.misconfigured)
+		}
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v does not wrap %v", tc.name, err, tc.want)
+		}
+		if tc.misconfigured && !strings.Contains(err.Error(), p.addr) {
+			t.Errorf("%s: %v does not name the broker", tc.name, err)
 		}
 		if errors.Is(err, outboxplugin.ErrBrokerUnavailable) == tc.refusal {
 			t.Errorf("%s: %v: refusal %v, want %v", tc.name, err, !tc.refusal, tc.refusal)

@@ -58,9 +58,9 @@ func WithExchange(name string) Option {
 // The default is the exchange of WithExchange (DefaultExchange) and the routing key
 // <aggregate>.<event> (outboxplugin.RouteTokens). route is called once per message, from Publish, and
 // must be safe for concurrent use. Publishing to an exchange that does not exist makes the broker
-// close the channel: that batch fails with ErrChannelClosed (the worker splits it, and the message
-// at fault ends refused) and the next Publish opens a new channel; declare the exchanges route uses
-// with WithTopology.
+// close the channel: the messages routed to it fail with ErrChannelClosed, a configuration error
+// (no attempt spent; the worker reports it until the exchange exists), and the next Publish opens a
+// new channel; declare the exchanges route uses with WithTopology.
 func WithRoute(route func(outboxplugin.Message) (exchange, routingKey string)) Option {
 	return func(o *options) error {
 		if route == nil {
@@ -88,8 +88,9 @@ func WithTopology(declare func(*amqp.Channel) error) Option {
 
 // WithMandatory sets whether messages are published with the mandatory flag (default true). With it,
 // a message that no queue receives — no binding matches its routing key — is returned by the broker
-// and reported failed (ErrUnroutable), so the worker retries it and, after its last attempt, keeps
-// it as dead instead of marking it done: nothing is dropped silently. Turn it off when unrouted
+// and reported failed (ErrUnroutable, a configuration error: no attempt is spent), so the worker
+// keeps it pending, reports the missing binding at error and in Worker.Health, and publishes it once
+// a queue is bound: nothing is dropped silently. Turn it off when unrouted
 // events are meant to be discarded (a topic exchange of which consumers bind only a part), or when an
 // alternate exchange of the target exchange catches them.
 func WithMandatory(mandatory bool) Option {

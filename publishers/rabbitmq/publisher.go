@@ -47,8 +47,9 @@ var (
 	// A refusal: the worker's retry spends an attempt.
 	ErrNacked = errors.New("outboxrabbitmq: message nacked by the broker")
 	// ErrUnroutable: the message was published mandatory (WithMandatory, the default) and the
-	// broker returned it because no queue is bound to receive it. A refusal: the worker's retry
-	// spends an attempt.
+	// broker returned it because no queue is bound to receive it. A configuration error (a binding
+	// missing): it comes wrapped together with outboxplugin.ErrMisconfigured, naming the exchange,
+	// the routing key and the broker, and the worker's retry spends no attempt.
 	ErrUnroutable = errors.New("outboxrabbitmq: message returned unroutable")
 	// ErrConnectionLost: the connection was lost (or the channel closed with it, or by the client)
 	// before the broker confirmed the message. The broker may have taken it all the same: retrying
@@ -62,7 +63,10 @@ var (
 	// does not say which, so Publish returns it as the error of the whole batch, not in a
 	// PublishError: the worker then splits the batch in halves and publishes them on a new channel,
 	// until the message at fault fails alone. The error of a batch of one message is that message's
-	// own, a refusal: Publish reports it in a PublishError.
+	// own, a refusal: Publish reports it in a PublishError. 404 NOT_FOUND and 403 ACCESS_REFUSED are
+	// configuration errors instead (wrapping outboxplugin.ErrMisconfigured, naming the broker; no
+	// attempt spent) when every message of the batch goes to the exchange the broker names: Publish
+	// reports them in a PublishError. A batch that mixes other messages is split as above.
 	ErrChannelClosed = errors.New("outboxrabbitmq: the broker closed the channel")
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("outboxrabbitmq: publisher closed")
@@ -81,9 +85,10 @@ const closeTimeout = 5 * time.Second
 // Publisher publishes outbox messages to RabbitMQ. It is safe for concurrent use: concurrent
 // Publish calls share the channel, each awaiting the confirmations of its own messages.
 type Publisher struct {
-	url string
-	cfg amqp.Config
-	o   options
+	url  string
+	addr string // host:port/vhost of url, without credentials, for errors
+	cfg  amqp.Config
+	o    options
 
 	// lock guards the fields below and is held while connecting; it is a channel so that a Publish
 	// waiting for another's connection attempt can give up when its context ends.
@@ -121,7 +126,8 @@ func DialConfig(url string, cfg amqp.Config, opts ...Option) (*Publisher, error)
 	if cfg.Recovery != nil {
 		return nil, fmt.Errorf("outboxrabbitmq: %w: amqp.Config.Recovery is set; the publisher reconnects by itself", outboxplugin.ErrInvalidOption)
 	}
-	if _, err := amqp.ParseURI(url); err != nil {
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
 		return nil, fmt.Errorf("outboxrabbitmq: %w: url: %w", outboxplugin.ErrInvalidOption, err)
 	}
 	if cfg.Heartbeat == 0 {
@@ -136,11 +142,11 @@ func DialConfig(url string, cfg amqp.Config, opts ...Option) (*Publisher, error)
 	if o.topology == nil {
 		o.topology = o.declareExchange
 	}
-	p := &Publisher{url: url, cfg: cfg, o: o, lock: make(chan struct{}, 1)}
+	p := &Publisher{url: url, addr: brokerAddr(uri), cfg: cfg, o: o, lock: make(chan struct{}, 1)}
 	p.lock <- struct{}{}
 	defer p.unlock()
 	if err := p.connect(context.Background()); err != nil {
-		return nil, err
+		return nil, p.connectError(err)
 	}
 	return p, nil
 }
@@ -152,8 +158,10 @@ func DialConfig(url string, cfg amqp.Config, opts ...Option) (*Publisher, error)
 // messages go out in order on one channel, without waiting between them; their confirmations are
 // awaited together.
 //
-// The reason of a message the broker refused — ErrNacked, ErrUnroutable, ErrChannelClosed for a
-// batch of one — is a refusal: the worker's retry spends an attempt. The reason of a message the
+// The reason of a message the broker refused — ErrNacked, ErrChannelClosed for a batch of one — is
+// a refusal: the worker's retry spends an attempt. A configuration error — ErrUnroutable, a missing
+// exchange or a refused access (ErrChannelClosed with 404 or 403), a refused login or topology at
+// connection — wraps outboxplugin.ErrMisconfigured and names the broker: no attempt is spent. The reason of a message the
 // broker did not get or did not confirm in time — ErrConnectionLost, the end of ctx, a network
 // error of the publish — wraps outboxplugin.ErrBrokerUnavailable, and so does the error of a batch
 // for which no connection could be made (whatever the cause: nothing was sent): the worker's retry
@@ -212,7 +220,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 	failed := map[string]error{}
 	var unsent error
 	if sendErr != nil {
-		unsent = sendError(ctx, sendErr, s)
+		unsent = p.sendError(ctx, sendErr, s)
 	}
 	var lost error // why the channel closed; looked up once, for the first nack
 	for i, m := range msgs {
@@ -230,7 +238,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		switch {
 		case !dc.Acked():
 			if lost == nil {
-				lost = nackError(ctx, s)
+				lost = p.nackError(ctx, s)
 			}
 			failed[m.ID] = lost
 		case returned[m.ID] != nil:
@@ -239,11 +247,22 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 	}
 	if len(msgs) > 1 {
 		for _, err := range failed {
-			if errors.Is(err, ErrChannelClosed) {
-				// Some message of the batch made the broker close the channel, and which one it
-				// does not say: fail the batch as a whole, for the worker to split.
-				return fmt.Errorf("outboxrabbitmq: publish %d messages: %w", len(msgs), err)
+			if !errors.Is(err, ErrChannelClosed) {
+				continue
 			}
+			if errors.Is(err, outboxplugin.ErrMisconfigured) && p.allRoutedTo(msgs, err) {
+				break // every message goes where the broker says it cannot: a configuration error of each
+			}
+			// Some message of the batch made the broker close the channel, and which one it does
+			// not say: fail the batch as a whole, for the worker to split.
+			var reason *amqp.Error
+			errors.As(err, &reason)
+			return fmt.Errorf("outboxrabbitmq: publish %d messages: %w (broker %s): %w", len(msgs), ErrChannelClosed, p.addr, reason)
+		}
+	}
+	for id, err := range failed {
+		if errors.Is(err, ErrUnroutable) {
+			failed[id] = fmt.Errorf("%w (broker %s)", err, p.addr)
 		}
 	}
 	return outboxplugin.FailedMessages(failed)
@@ -263,24 +282,24 @@ func awaitConfirms(ctx context.Context, confirms []*amqp.DeferredConfirmation) {
 // nackError is the error of a message whose confirmation was negative: a real basic.nack, unless
 // the channel closed (the library fails every pending confirmation then) or ctx ended (Publish
 // closed the connection).
-func nackError(ctx context.Context, s *session) error {
+func (p *Publisher) nackError(ctx context.Context, s *session) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("outboxrabbitmq: not confirmed: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 	}
 	if closed, reason := s.closed(); closed {
-		return closedError(reason)
+		return p.closedError(reason)
 	}
 	return ErrNacked
 }
 
 // sendError is the error of the messages Publish could not send.
-func sendError(ctx context.Context, err error, s *session) error {
+func (p *Publisher) sendError(ctx context.Context, err error, s *session) error {
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("outboxrabbitmq: not sent: %w: %w", outboxplugin.ErrBrokerUnavailable, ctx.Err())
 	case errors.Is(err, amqp.ErrClosed):
 		_, reason := s.closed()
-		return closedError(reason)
+		return p.closedError(reason)
 	case isNetworkError(err):
 		return fmt.Errorf("outboxrabbitmq: publish: %w: %w", outboxplugin.ErrBrokerUnavailable, err)
 	}
@@ -293,10 +312,16 @@ func sendError(ctx context.Context, err error, s *session) error {
 // connection's: the library's, for a network error or a missed heartbeat; the broker's hard error,
 // closing the connection (320 CONNECTION_FORCED at shutdown, ...); none, for a close the client
 // asked for (Close, or Publish at the end of its ctx).
-func closedError(reason *amqp.Error) error {
+//
+// Of the channel errors, 404 NOT_FOUND (an exchange that does not exist) and 403 ACCESS_REFUSED (no
+// permission on it) are configuration errors: they wrap outboxplugin.ErrMisconfigured too, and name
+// the broker.
+func (p *Publisher) closedError(reason *amqp.Error) error {
 	switch {
 	case reason == nil:
 		return fmt.Errorf("%w: %w", ErrConnectionLost, outboxplugin.ErrBrokerUnavailable)
+	case reason.Server && reason.Recover && (reason.Code == amqp.NotFound || reason.Code == amqp.AccessRefused):
+		return fmt.Errorf("%w: %w (broker %s): %w", ErrChannelClosed, outboxplugin.ErrMisconfigured, p.addr, reason)
 	case reason.Server && reason.Recover:
 		return fmt.Errorf("%w: %w", ErrChannelClosed, reason)
 	}
@@ -348,7 +373,7 @@ func (p *Publisher) session(ctx context.Context) (*amqp.Connection, *session, er
 		// Nothing was sent: whatever kept the connection from being made (the broker down, a
 		// refused login or declaration), the broker did not get the batch, and splitting it
 		// would not help.
-		return nil, nil, fmt.Errorf("%w (%w)", err, outboxplugin.ErrBrokerUnavailable)
+		return nil, nil, p.connectError(err)
 	}
 	return p.conn, p.sess, nil
 }

@@ -205,7 +205,9 @@ func TestUnroutableMessages(t *testing.T) {
 					if i%2 == 1 {
 						assert.ErrorIs(t, failed[m.ID], outboxrabbitmq.ErrUnroutable)
 						assert.ErrorContains(t, failed[m.ID], "NO_ROUTE")
-						assert.NotErrorIs(t, failed[m.ID], outboxplugin.ErrBrokerUnavailable, "a return is a refusal")
+						assert.NotErrorIs(t, failed[m.ID], outboxplugin.ErrBrokerUnavailable, "a return is not an outage")
+						assert.ErrorIs(t, failed[m.ID], outboxplugin.ErrMisconfigured, "a return is a configuration error: a binding is missing")
+						assert.ErrorContains(t, failed[m.ID], exchange)
 					}
 				}
 			} else {
@@ -221,12 +223,12 @@ func TestUnroutableMessages(t *testing.T) {
 }
 
 // TestChannelClosedByBroker routes a message to an exchange that does not exist, which makes the
-// broker close the channel: a batch fails as a whole with ErrChannelClosed (the broker does not say
-// which message caused it), a batch of that message alone fails it as refused, the next batch goes
-// out on a new channel, and a worker, splitting the batch, publishes the others and refuses only
-// that message.
+// broker close the channel: a configuration error of the messages routed to that exchange (the
+// broker names it), the other unconfirmed messages not delivered; the next batch goes out on a new
+// channel, and a worker publishes the others and keeps the one at fault pending, no attempt spent,
+// its Health naming the cause.
 func TestChannelClosedByBroker(t *testing.T) {
-	ctx := withTimeout(t, 30*time.Second)
+	ctx := withTimeout(t, 60*time.Second)
 	b := newBroker(t)
 	exchange := b.exchange()
 	queue := b.queue(exchange, nil, "#")
@@ -247,21 +249,25 @@ func TestChannelClosedByBroker(t *testing.T) {
 	require.ErrorAs(t, err, &aerr, "the broker's reason is kept")
 	assert.Equal(t, amqp.NotFound, aerr.Code)
 	assert.NotErrorIs(t, err, outboxplugin.ErrBrokerUnavailable, "the broker refused something")
+	assert.NotErrorIs(t, err, outboxplugin.ErrMisconfigured, "a mixed batch is split, to publish the others")
 	var perr *outboxplugin.PublishError
 	assert.False(t, errors.As(err, &perr), "a whole-batch error: the broker does not say which message")
 
-	// Alone, the message is the one at fault: refused.
+	// Alone — or with others routed to the same exchange — the message is at fault: a configuration
+	// error, naming the exchange and the broker.
 	failed := publishError(t, pub.Publish(ctx, msgs[1:2]))
 	require.Len(t, failed, 1)
-	assert.ErrorIs(t, failed[msgs[1].ID], outboxrabbitmq.ErrChannelClosed)
-	assert.NotErrorIs(t, failed[msgs[1].ID], outboxplugin.ErrBrokerUnavailable)
+	err = failed[msgs[1].ID]
+	assert.ErrorIs(t, err, outboxrabbitmq.ErrChannelClosed)
+	assert.ErrorIs(t, err, outboxplugin.ErrMisconfigured, "a missing exchange is a configuration error")
+	assert.ErrorContains(t, err, missing, "names the exchange")
+	assert.ErrorContains(t, err, brokerAddr(t), "names the broker")
 
 	// The next batch goes out on a new channel.
 	next := testMessages(2, "Present")
 	require.NoError(t, pub.Publish(ctx, next))
 
-	// A worker splits a batch that fails as a whole: the others are published, the one at fault
-	// waits for its retry, an attempt spent.
+	// Through a worker: the others are published, the one at fault stays pending, no attempt spent.
 	db := openDB(t)
 	require.NoError(t, db.Use(outboxplugin.New()))
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
@@ -274,9 +280,16 @@ func TestChannelClosedByBroker(t *testing.T) {
 	}))
 	w, err := outboxplugin.NewWorker(db, pub, outboxplugin.WithoutListen(), outboxplugin.WithLogger(slog.New(slog.DiscardHandler)))
 	require.NoError(t, err)
-	n, err := w.ProcessOnce(ctx)
+	published := 0
+	for round := 0; round < 10 && published < 4; round++ {
+		n, err := w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		published += n
+	}
+	assert.Equal(t, 4, published)
+	_, err = w.ProcessOnce(ctx) // the one at fault alone: nothing else published
 	require.NoError(t, err)
-	assert.Equal(t, 4, n)
+	assert.ErrorIs(t, w.Health(), outboxplugin.ErrMisconfigured)
 	var rows []outboxplugin.OutboxEvent
 	require.NoError(t, db.Order("id").Find(&rows).Error)
 	require.Len(t, rows, 5)
@@ -286,10 +299,10 @@ func TestChannelClosedByBroker(t *testing.T) {
 			continue
 		}
 		assert.False(t, r.Processed, "the event at fault")
-		assert.Equal(t, 1, r.Attempts, "the refusal spent its attempt")
+		assert.Zero(t, r.Attempts, "a configuration error spends no attempt")
+		assert.Nil(t, r.DeadAt)
 		require.NotNil(t, r.LastError)
 		assert.Contains(t, *r.LastError, "NOT_FOUND")
-		assert.NotNil(t, r.NextAttemptAt, "scheduled for retry")
 	}
 
 	// Confirmed messages are in the queue: its count is final.

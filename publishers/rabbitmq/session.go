@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorm-outbox/outboxplugin"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -82,8 +83,8 @@ func (s *session) watch() {
 			}
 			s.mu.Lock()
 			if _, ok := s.waiting[r.MessageId]; ok {
-				s.waiting[r.MessageId] = fmt.Errorf("%w: %d %s (exchange %q, routing key %q)",
-					ErrUnroutable, r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
+				s.waiting[r.MessageId] = fmt.Errorf("%w: %w: %d %s (exchange %q, routing key %q)",
+					ErrUnroutable, outboxplugin.ErrMisconfigured, r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
 			}
 			s.mu.Unlock()
 		case <-s.barrier:

@@ -14,6 +14,8 @@ type config struct {
 	stream     func(outboxplugin.Message) string
 	maxLen     int64
 	noMkStream bool
+	// checkStreams are the keys Check looks at (WithCheckStreams).
+	checkStreams []string
 }
 
 // DefaultStream is the stream a message goes to unless WithStream says otherwise:

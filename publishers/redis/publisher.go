@@ -34,7 +34,8 @@ var (
 	// ErrNoStreamName is the error of a message for which the WithStream function returned "".
 	ErrNoStreamName = errors.New("outboxredis: stream function returned an empty stream name")
 
-	// ErrNoStream is the error of a message whose stream does not exist, with WithNoMkStream.
+	// ErrNoStream is the error of a message whose stream does not exist, with WithNoMkStream: a
+	// configuration error (it comes wrapped together with outboxplugin.ErrMisconfigured).
 	ErrNoStream = errors.New("outboxredis: stream does not exist")
 
 	// ErrClosed is returned by Publish after Close.
@@ -104,9 +105,12 @@ func boundsIO(client redis.UniversalClient) bool {
 // closed client, or a reply that speaks of the server's state rather than of the command (LOADING,
 // READONLY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, OOM, too many clients) — wraps
 // outboxplugin.ErrBrokerUnavailable, and so does the error of a batch that failed whole that way:
-// the worker retries those messages without spending an attempt. The error of a message Redis
-// refused (WRONGTYPE for a key that is not a stream, NOPERM, ErrNoStream, ErrNoStreamName, ...)
-// does not: its retry spends an attempt, and a message that can never be appended ends dead.
+// the worker retries those messages without spending an attempt. The error of a message that fails
+// for a configuration error — WRONGTYPE (the stream's key holds another type), NOAUTH, WRONGPASS,
+// NOPERM, ErrNoStream — wraps outboxplugin.ErrMisconfigured instead, naming the key and the server:
+// no attempt is spent either, and the worker reports it at error and in Worker.Health. The error of
+// a message Redis refused otherwise (ErrNoStreamName, a syntax error, ...) wraps neither: its retry
+// spends an attempt, and a message that can never be appended ends dead.
 //
 // When the pipeline breaks part way (a lost connection, the deadline), the messages whose reply was
 // read count as published and the others fail, so that the worker's retry re-sends only those.
@@ -160,14 +164,26 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outboxplugin.Message) er
 		return fmt.Errorf("outboxredis: publish %d messages: %w: %w", len(msgs), outboxplugin.ErrBrokerUnavailable, err)
 	}
 	for _, s := range sent {
-		switch cerr := s.cmd.Err(); {
+		cerr := s.cmd.Err()
+		if cerr == nil && s.cmd.Val() == "" {
+			// No reply at all: the pipeline failed before it was sent — go-redis leaves the
+			// commands untouched when the connection cannot be made or its login is refused — and
+			// an XADD that succeeded always replies with the entry's ID.
+			cerr = err
+			if cerr == nil {
+				cerr = errors.New("no reply")
+			}
+		}
+		switch {
 		case cerr == nil:
 		case s.cmd.Val() != "":
 			// Redis replied with the entry's ID before the pipeline broke (a lost connection, the
 			// deadline): go-redis stamps the pipeline's error on every command, but this one was
 			// appended, and counting it failed would only append it again.
 		case errors.Is(cerr, redis.Nil): // XADD NOMKSTREAM replies nil when the stream is missing
-			fail(s.msg.ID, fmt.Errorf("%w: %s", ErrNoStream, s.stream))
+			fail(s.msg.ID, fmt.Errorf("%w: %w: %s (server %s)", ErrNoStream, outboxplugin.ErrMisconfigured, s.stream, p.addr()))
+		case misconfigured(cerr):
+			fail(s.msg.ID, fmt.Errorf("outboxredis: XADD %s: %w (server %s): %w", s.stream, outboxplugin.ErrMisconfigured, p.addr(), cerr))
 		case unavailable(cerr):
 			fail(s.msg.ID, fmt.Errorf("outboxredis: XADD %s: %w: %w", s.stream, outboxplugin.ErrBrokerUnavailable, cerr))
 		default:

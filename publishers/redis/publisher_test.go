@@ -93,8 +93,8 @@ func TestEndToEnd(t *testing.T) {
 }
 
 // TestWorkerPartlyFailedBatch routes one event of a batch to a key that holds a string: Redis refuses
-// that XADD alone (WRONGTYPE), the others are published and marked done, and only the refused one is
-// scheduled for retry.
+// that XADD alone (WRONGTYPE, a configuration error), the others are published and marked done, and
+// the refused one is pending again, no attempt spent.
 func TestWorkerPartlyFailedBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -124,10 +124,11 @@ func TestWorkerPartlyFailedBatch(t *testing.T) {
 	assert.True(t, events[2].Processed)
 	broken := events[1]
 	assert.False(t, broken.Processed)
-	assert.Equal(t, 1, broken.Attempts)
+	assert.Zero(t, broken.Attempts, "a configuration error spends no attempt")
 	require.NotNil(t, broken.LastError)
 	assert.Contains(t, *broken.LastError, "WRONGTYPE")
-	require.NotNil(t, broken.NextAttemptAt, "the refused event is scheduled for retry")
+	assert.Contains(t, *broken.LastError, prefix+"outbox:Broken", "names the key")
+	assert.Contains(t, *broken.LastError, redisAddr, "names the server")
 
 	entries := readStream(t, client, prefix+"outbox:Good")
 	require.Len(t, entries, 2)

@@ -54,3 +54,24 @@ func TestUnavailable(t *testing.T) {
 		t.Error("redis.Nil, the reply of XADD NOMKSTREAM to a missing stream, is a reply: not unavailable")
 	}
 }
+
+// TestMisconfigured checks which replies are configuration errors.
+func TestMisconfigured(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value"), true},
+		{fmt.Errorf("XADD s: %w", replyError("WRONGTYPE Operation against a key holding the wrong kind of value")), true},
+		{replyError("NOAUTH Authentication required."), true},
+		{replyError("WRONGPASS invalid username-password pair or user is disabled."), true},
+		{replyError("NOPERM User u has no permissions to run the 'xadd' command"), true},
+		{replyError("ERR syntax error"), false},
+		{replyError("LOADING Redis is loading the dataset in memory"), false},
+		{fmt.Errorf("dial tcp: connection refused"), false},
+	} {
+		if got := misconfigured(tc.err); got != tc.want {
+			t.Errorf("misconfigured(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
