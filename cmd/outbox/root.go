@@ -18,7 +18,7 @@ const (
 	exitOK       = 0
 	exitFailed   = 1 // the operation failed: a database error, an unreadable table
 	exitUsage    = 2 // a bad flag, argument or filter
-	exitNotFound = 3 // events show of a message id that is not there
+	exitNotFound = 3 // a message id that is not there: events show, dead requeue/discard, events deliver-now
 	exitRefused  = 4 // a confirmation declined, or not possible without a terminal
 )
 
@@ -79,7 +79,8 @@ Exit codes:
   0  ok
   1  the operation failed (a database error, ...)
   2  usage error: a bad flag, argument or filter
-  3  not found: events show of a message id that is not in the table
+  3  not found: a message id that is not in the table (events show; dead requeue, dead discard
+     and events deliver-now name it, after acting on the ids that are there)
   4  refused: a confirmation was declined, or asked for without a terminal and without --yes`
 
 func newRootCmd(a *app) *cobra.Command {

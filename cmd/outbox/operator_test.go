@@ -1,0 +1,131 @@
+package main
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin"
+)
+
+// The operator's view of the command: what it says and exits with when an id, a limit, a path or a
+// table is not what it should be.
+
+const unknownID = "0194c7a2-5f1e-7d3a-9b1c-2a4e6f8d0b12"
+
+// A message id that is not in the table is named on stderr and exits 3, as events show does, by every
+// command that acts on message ids; the known ids of the same run are acted on.
+func TestRepairOfUnknownIDs(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d *testDB) {
+		f := addFixture(t, d)
+		for _, cmd := range [][]string{{"dead", "requeue"}, {"dead", "discard"}, {"events", "deliver-now"}} {
+			r := wantCode(t, exitNotFound, append(cmd, "--db", d.dsn, unknownID)...)
+			if !strings.Contains(r.stderr, unknownID) || !strings.Contains(r.stderr, "not in the table outbox_events") {
+				t.Errorf("%v of an unknown id: stderr %q", cmd, r.stderr)
+			}
+		}
+
+		// Several ids, one unknown: the known one is requeued, the unknown one named, exit 3.
+		var out struct {
+			Affected int64    `json:"affected"`
+			NotFound []string `json:"not_found"`
+		}
+		r := cli(t, nil, nil, "dead", "requeue", "--db", d.dsn, "--json", f.dead1, unknownID)
+		if r.code != exitNotFound {
+			t.Errorf("requeue of a dead and an unknown id: exit %d, want %d\n%s", r.code, exitNotFound, r.stderr)
+		}
+		decode(t, r, &out)
+		if out.Affected != 1 || !slices.Equal(out.NotFound, []string{unknownID}) || stateOf(t, d, f.dead1) != "due" {
+			t.Errorf("requeue of a dead and an unknown id: %+v, dead1 %s", out, stateOf(t, d, f.dead1))
+		}
+		r = cli(t, nil, nil, "dead", "discard", "--db", d.dsn, unknownID, f.dead2)
+		if r.code != exitNotFound || r.stdout != "discarded 1 events\n" || !strings.Contains(r.stderr, unknownID) || stateOf(t, d, f.dead2) != "" {
+			t.Errorf("discard of an unknown and a dead id: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+		}
+
+		// An id whose event is there, in a state the command leaves alone: named with its state, exit 0.
+		r = ok(t, "dead", "discard", "--db", d.dsn, f.waiting)
+		if !strings.Contains(r.stderr, f.waiting+" is waiting") {
+			t.Errorf("discard of a waiting event: stderr %q", r.stderr)
+		}
+	})
+}
+
+// addProcessed writes n processed events of type eventType into d's table in one statement.
+func addProcessed(t *testing.T, d *testDB, eventType string, n int) {
+	t.Helper()
+	if err := d.db.Transaction(func(tx *gorm.DB) error {
+		return outboxplugin.Emit(tx, eventType, map[string]any{"n": 0})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err := d.db.Exec(`WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < ?)
+		INSERT INTO outbox_events (message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, processed, processed_at, attempts)
+		SELECT printf('bulk-%d', i), e.event_type, e.aggregate_type, e.aggregate_id, e.payload, e.headers, e.created_at, true, e.created_at, 1
+		FROM seq, (SELECT * FROM outbox_events WHERE event_type = ? LIMIT 1) e`, n-1, eventType).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.db.Exec(`UPDATE outbox_events SET processed = true, processed_at = created_at WHERE event_type = ?`, eventType).Error; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A search among processed events that stopped at its bound without finding anything does not say
+// "more events": it says that the search stopped, and JSON says partial.
+func TestEventsListPartialSearch(t *testing.T) {
+	d := newSQLiteDB(t)
+	if err := outboxplugin.AutoMigrate(d.db); err != nil {
+		t.Fatal(err)
+	}
+	addProcessed(t, d, "Bulk", outboxplugin.MaxProcessedScan+10)
+
+	r := ok(t, "events", "list", "--db", d.dsn, "--type", "NoSuchType")
+	if strings.Contains(r.stderr, "more events") || !strings.Contains(r.stderr, "the search stopped after reading 20000 processed events") ||
+		!strings.Contains(r.stderr, "--cursor ") {
+		t.Errorf("a bounded search that found nothing: stderr %q", r.stderr)
+	}
+	var page struct {
+		Events     []eventJSON `json:"events"`
+		NextCursor string      `json:"next_cursor"`
+		Partial    *bool       `json:"partial"`
+		SearchedTo *time.Time  `json:"searched_to"`
+	}
+	decode(t, ok(t, "events", "list", "--db", d.dsn, "--type", "NoSuchType", "--json"), &page)
+	if len(page.Events) != 0 || page.Partial == nil || !*page.Partial || page.SearchedTo == nil || page.NextCursor == "" {
+		t.Fatalf("a bounded search that found nothing, JSON: %+v", page)
+	}
+	// Its cursor searches on, to the end: the rest of the rows, and no more.
+	decode(t, ok(t, "events", "list", "--db", d.dsn, "--type", "NoSuchType", "--json", "--cursor", page.NextCursor), &page)
+	if len(page.Events) != 0 || page.Partial == nil || *page.Partial || page.NextCursor != "" {
+		t.Errorf("the search's second page: %+v", page)
+	}
+
+	// A full page with more after it is "more events", and not partial.
+	r = ok(t, "events", "list", "--db", d.dsn, "--limit", "2")
+	if !strings.Contains(r.stderr, "more events: add --cursor ") || strings.Contains(r.stderr, "stopped") {
+		t.Errorf("a full page: stderr %q", r.stderr)
+	}
+	decode(t, ok(t, "events", "list", "--db", d.dsn, "--limit", "2", "--json"), &page)
+	if len(page.Events) != 2 || page.Partial == nil || *page.Partial || page.NextCursor == "" {
+		t.Errorf("a full page, JSON: %+v", page)
+	}
+}
+
+// --limit 0 and negative limits are usage errors, not the default page.
+func TestEventsListLimit(t *testing.T) {
+	d := newSQLiteDB(t)
+	addFixture(t, d)
+	for _, limit := range []string{"0", "-1", "1001"} {
+		r := wantCode(t, exitUsage, "events", "list", "--db", d.dsn, "--limit", limit)
+		if !strings.Contains(r.stderr, "--limit "+limit+": want 1..1000") {
+			t.Errorf("--limit %s: stderr %q", limit, r.stderr)
+		}
+	}
+	if ids, _ := listIDs(t, d, "--limit", "1"); len(ids) != 1 {
+		t.Errorf("--limit 1 lists %d events", len(ids))
+	}
+}
