@@ -1,6 +1,11 @@
 package main
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -127,5 +132,40 @@ func TestEventsListLimit(t *testing.T) {
 	}
 	if ids, _ := listIDs(t, d, "--limit", "1"); len(ids) != 1 {
 		t.Errorf("--limit 1 lists %d events", len(ids))
+	}
+}
+
+// A command other than migrate refuses a SQLite path that does not exist, naming it, and leaves no
+// file behind; migrate creates it.
+func TestSQLiteFileNotCreated(t *testing.T) {
+	dir := t.TempDir()
+	forms := map[string]func(string) string{
+		"path":       func(p string) string { return p },
+		"sqlite://":  func(p string) string { return "sqlite://" + p },
+		"file: URI":  func(p string) string { return "file:" + p + "?_busy_timeout=5000" },
+		"with query": func(p string) string { return p + "?_busy_timeout=5000" },
+	}
+	i := 0
+	for _, args := range [][]string{
+		{"status"}, {"events", "list"}, {"events", "show", unknownID}, {"dead", "requeue", unknownID},
+		{"dead", "discard", "--all", "--yes"}, {"events", "deliver-now", unknownID}, {"cleanup", "--older-than", "1d"},
+		{"migrate", "--dry-run"}, {"ui", "--http", "127.0.0.1:0"}, {"relay", "--broker", "redis://127.0.0.1:1/0", "--http", ""},
+	} {
+		for name, form := range forms {
+			i++
+			path := filepath.Join(dir, fmt.Sprintf("typo-%d.db", i))
+			r := cli(t, nil, nil, append(args, "--db", form(path))...)
+			if r.code != exitFailed || !strings.Contains(r.stderr, "no SQLite database at "+path+": the file does not exist") {
+				t.Errorf("%v on a missing file (%s): exit %d, stderr %q", args, name, r.code, r.stderr)
+			}
+			if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%v on a missing file (%s) created it: %v", args, name, err)
+			}
+		}
+	}
+	path := filepath.Join(dir, "new.db")
+	ok(t, "migrate", "--db", path)
+	if r := ok(t, "status", "--db", path); !strings.Contains(r.stdout, "pending") {
+		t.Errorf("status after migrate created the file:\n%s", r.stdout)
 	}
 }

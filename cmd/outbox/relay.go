@@ -290,6 +290,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	if err != nil {
 		return err
 	}
+	if err := sqliteMustExist(kind, driverDSN); err != nil {
+		return err
+	}
 
 	mp, metrics, err := newMetrics()
 	if err != nil {

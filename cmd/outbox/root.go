@@ -67,7 +67,8 @@ Selecting the database (--db, or --db-file with the DSN in a file):
   MySQL        a go-sql-driver DSN, user:pass@tcp(host:3306)/db?params (any DSN with @tcp(, @unix(
                or @/), or a URL mysql://user:pass@host:3306/db?params, converted to that form;
                parseTime=true is added
-  SQLite       a path ending .db, .sqlite or .sqlite3, a file: URI, or sqlite://PATH
+  SQLite       a path ending .db, .sqlite or .sqlite3, a file: URI, or sqlite://PATH; the file must
+               exist, except for migrate, which creates it
 The rules are tried in this order; anything else is a usage error. Passwords in the DSN never appear
 in the output: error messages show them, and any user:pass@ part, as xxxxx.
 
