@@ -169,3 +169,30 @@ func TestSQLiteFileNotCreated(t *testing.T) {
 		t.Errorf("status after migrate created the file:\n%s", r.stdout)
 	}
 }
+
+// A table that does not exist is named, with the command that creates it and the flag that names
+// another, on every database.
+func TestMissingTableHint(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d *testDB) {
+		addFixture(t, d) // outbox_events exists; the commands below ask for another table
+		for _, args := range [][]string{
+			{"status"}, {"events", "list"}, {"events", "show", unknownID}, {"dead", "requeue", unknownID},
+			{"dead", "discard", "--all", "--yes"}, {"cleanup", "--older-than", "1d"}, {"ui", "--http", "127.0.0.1:0"},
+		} {
+			r := cli(t, nil, nil, append(args, "--db", d.dsn, "--table", "no_such_outbox")...)
+			if r.code != exitFailed || !strings.Contains(r.stderr, "The outbox table no_such_outbox does not exist in this database: "+
+				"create it with outbox migrate (with the same --db and --table), or give --table") {
+				t.Errorf("%v of a missing table: exit %d, stderr %q", args, r.code, r.stderr)
+			}
+		}
+		if d.name == "postgres" { // a schema that does not exist either
+			r := cli(t, nil, nil, "status", "--db", d.dsn, "--table", "nowhere.events")
+			if r.code != exitFailed || !strings.Contains(r.stderr, "The outbox table nowhere.events does not exist") {
+				t.Errorf("status of a table in a missing schema: exit %d, stderr %q", r.code, r.stderr)
+			}
+		}
+		if r := ok(t, "status", "--db", d.dsn); strings.Contains(r.stderr, "does not exist") {
+			t.Errorf("status of the table that is there: stderr %q", r.stderr)
+		}
+	})
+}
