@@ -196,3 +196,43 @@ func TestMissingTableHint(t *testing.T) {
 		}
 	})
 }
+
+// A flag of another broker is refused, naming the flag and its broker, from the command line and from
+// its variable; a flag of the broker in use is not.
+func TestRelayRefusesAnotherBrokersFlags(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "outbox.db")
+	brokerFile := filepath.Join(t.TempDir(), "broker")
+	if err := os.WriteFile(brokerFile, []byte("nats://127.0.0.1:1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"--broker", "redis://127.0.0.1:1/0", "--topic", "orders"}, "--topic (or OUTBOX_TOPIC) is a flag of Kafka, and the broker is redis://"},
+		{nil, []string{"--broker", "redis://127.0.0.1:1/0", "--subject-prefix", "shop"}, "--subject-prefix (or OUTBOX_SUBJECT_PREFIX) is a flag of NATS, and the broker is redis://"},
+		{nil, []string{"--broker", "nats://127.0.0.1:1", "--exchange", "shop"}, "--exchange (or OUTBOX_EXCHANGE) is a flag of RabbitMQ, and the broker is nats://"},
+		{nil, []string{"--broker", "kafka://127.0.0.1:1", "--stream", "ORDERS"}, "--stream (or OUTBOX_STREAM) is a flag of NATS and Redis, and the broker is kafka://"},
+		{nil, []string{"--broker", "amqp://127.0.0.1:1/", "--kafka-ca-file", "/dev/null"}, "--kafka-ca-file"},
+		{[]string{"OUTBOX_STREAM=ORDERS"}, []string{"--broker", "amqp://127.0.0.1:1/"}, "--stream (or OUTBOX_STREAM) is a flag of NATS and Redis, and the broker is amqp://"},
+		{nil, []string{"--broker-file", brokerFile, "--topic", "orders"}, "is a flag of Kafka, and the broker is nats://"},
+	} {
+		r := cli(t, c.env, nil, append([]string{"relay", "--db", db, "--http", ""}, c.args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v %v: exit %d, stderr %q, want %q", c.env, c.args, r.code, r.stderr, c.want)
+		}
+	}
+	// The broker's own flags pass this check: the run goes on to the database, which is not there.
+	for _, args := range [][]string{
+		{"--broker", "redis://127.0.0.1:1/0", "--stream", "orders"},
+		{"--broker", "nats://127.0.0.1:1", "--stream", "ORDERS", "--subject-prefix", "shop"},
+		{"--broker", "amqp://127.0.0.1:1/", "--exchange", "shop"},
+		{"--broker", "kafka://127.0.0.1:1", "--topic", "orders"},
+	} {
+		r := cli(t, nil, nil, append([]string{"relay", "--db", db, "--http", ""}, args...)...)
+		if r.code != exitFailed || !strings.Contains(r.stderr, "no SQLite database at") {
+			t.Errorf("%v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+}
