@@ -201,6 +201,7 @@ func TestMissingTableHint(t *testing.T) {
 // its variable; a flag of the broker in use is not.
 func TestRelayRefusesAnotherBrokersFlags(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "outbox.db")
+	_, caPath := selfSignedTLS(t)
 	brokerFile := filepath.Join(t.TempDir(), "broker")
 	if err := os.WriteFile(brokerFile, []byte("nats://127.0.0.1:1\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func TestRelayRefusesAnotherBrokersFlags(t *testing.T) {
 		{nil, []string{"--broker", "redis://127.0.0.1:1/0", "--subject-prefix", "shop"}, "--subject-prefix (or OUTBOX_SUBJECT_PREFIX) is a flag of NATS, and the broker is redis://"},
 		{nil, []string{"--broker", "nats://127.0.0.1:1", "--exchange", "shop"}, "--exchange (or OUTBOX_EXCHANGE) is a flag of RabbitMQ, and the broker is nats://"},
 		{nil, []string{"--broker", "kafka://127.0.0.1:1", "--stream", "ORDERS"}, "--stream (or OUTBOX_STREAM) is a flag of NATS and Redis, and the broker is kafka://"},
-		{nil, []string{"--broker", "amqp://127.0.0.1:1/", "--kafka-ca-file", "/dev/null"}, "--kafka-ca-file"},
+		{nil, []string{"--broker", "amqp://127.0.0.1:1/", "--kafka-ca-file", caPath}, "--kafka-ca-file (or OUTBOX_KAFKA_CA_FILE) is a flag of Kafka, and the broker is amqp://"},
 		{[]string{"OUTBOX_STREAM=ORDERS"}, []string{"--broker", "amqp://127.0.0.1:1/"}, "--stream (or OUTBOX_STREAM) is a flag of NATS and Redis, and the broker is amqp://"},
 		{nil, []string{"--broker-file", brokerFile, "--topic", "orders"}, "is a flag of Kafka, and the broker is nats://"},
 	} {
