@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -362,6 +363,10 @@ type EventFilter struct {
 	MessageID string
 	// LastError matches the error text of the latest failed delivery exactly: one group of
 	// DeadGroups. Only dead and waiting events have one.
+	//
+	// The text fields (and the message ids of Event, Requeue, Discard and DeliverNow) must be UTF-8
+	// without NUL bytes, which PostgreSQL cannot store: others are refused with ErrInvalidFilter on
+	// every database.
 	LastError string
 	// Since and Until bound the creation time: Since <= created_at < Until.
 	Since, Until time.Time
@@ -501,6 +506,9 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkFilterText(f); err != nil {
+		return nil, nil, err
+	}
 	at := a.q.d.clock(now())
 	var groups []string
 	switch state {
@@ -632,6 +640,22 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	return out, cut, nil
 }
 
+// checkFilterText refuses a text of f that is not UTF-8 without NUL bytes: PostgreSQL cannot store
+// one in a text column and answers a parameter holding one with an error of its own (so that a
+// console's /events/%00 was a database error), and the Admin refuses it on every database, so that
+// a filter means the same on each.
+func checkFilterText(f EventFilter) error {
+	for _, v := range []struct{ name, s string }{
+		{"event type", f.EventType}, {"aggregate type", f.AggregateType}, {"aggregate id", f.AggregateID},
+		{"message id", f.MessageID}, {"error text", f.LastError},
+	} {
+		if !utf8.ValidString(v.s) || strings.ContainsRune(v.s, 0) {
+			return fmt.Errorf("%w: %s %q is not text: it has a NUL byte or bytes that are not UTF-8", ErrInvalidFilter, v.name, v.s)
+		}
+	}
+	return nil
+}
+
 // nthRow runs a query of one (created_at, id) row and returns it as a cursor, or nil when there is
 // none.
 func (a *Admin) nthRow(ctx context.Context, query string, args ...any) (*pageCursor, error) {
@@ -696,6 +720,9 @@ func uuidV7Time(id string) (time.Time, bool) {
 func (a *Admin) Event(ctx context.Context, messageID string) (EventInfo, error) {
 	if messageID == "" {
 		return EventInfo{}, fmt.Errorf("outboxplugin: Event: %w: empty message id", ErrInvalidFilter)
+	}
+	if err := checkFilterText(EventFilter{MessageID: messageID}); err != nil {
+		return EventInfo{}, fmt.Errorf("outboxplugin: Event: %w", err)
 	}
 	evs, err := a.findByMessageID(ctx, messageID)
 	if err != nil {

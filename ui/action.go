@@ -1,6 +1,7 @@
 package outboxui
 
 import (
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -91,7 +92,13 @@ func (c *Console) action(q *request) {
 		attrs = append(attrs, slog.String("event_type", m.Type), slog.String("last_error", m.Error))
 	}
 	if err != nil {
-		c.cfg.logger.LogAttrs(q.ctx(), slog.LevelError, "outboxui: "+m.Op+" failed", append(attrs, slog.String("error", err.Error()))...)
+		// Every attempt is logged with its user; one the Admin refused as bad input is the
+		// client's, not an error of the console's.
+		level, what := slog.LevelError, " failed"
+		if errors.Is(err, outboxplugin.ErrInvalidFilter) {
+			level, what = slog.LevelWarn, " refused"
+		}
+		c.cfg.logger.LogAttrs(q.ctx(), level, "outboxui: "+m.Op+what, append(attrs, slog.String("error", err.Error()))...)
 		c.adminError(q, "the events to "+m.Op, err)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorm-outbox/outboxplugin"
 )
@@ -208,7 +209,8 @@ type eventData struct {
 
 func (c *Console) event(q *request, escaped string) {
 	id, err := url.PathUnescape(escaped)
-	if err != nil || id == "" || len(id) > 200 {
+	// Not text (a NUL byte, bytes that are not UTF-8): no event has it, and PostgreSQL refuses it.
+	if err != nil || id == "" || len(id) > 200 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
 		c.badRequest(q, "Not a message id.")
 		return
 	}
