@@ -21,10 +21,10 @@ func init() { register(newDeadCmd) }
 func newDeadCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dead",
-		Short: "Requeue or discard failed events",
+		Short: "Group, requeue or discard failed events",
 		Args:  noArgs,
 	}
-	cmd.AddCommand(
+	cmd.AddCommand(newDeadGroupsCmd(a),
 		newRepairCmd(a, repairAction{
 			parent: "dead", name: "requeue", past: "requeued", states: "dead or waiting",
 			short: "Make failed events (dead, or waiting for a retry) due now, with their attempts reset",
@@ -224,7 +224,7 @@ func describeFilter(ff filterFlags) string {
 	var parts []string
 	for _, p := range []struct{ name, v string }{
 		{"type", ff.eventType}, {"aggregate-type", ff.aggregateType}, {"aggregate-id", ff.aggregateID},
-		{"message-id", ff.messageID}, {"since", ff.since}, {"until", ff.until},
+		{"message-id", ff.messageID}, {"error", ff.lastError}, {"since", ff.since}, {"until", ff.until},
 	} {
 		if p.v != "" {
 			parts = append(parts, p.name+"="+p.v)

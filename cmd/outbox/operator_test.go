@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -236,4 +237,68 @@ func TestRelayRefusesAnotherBrokersFlags(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", args, r.code, r.stderr)
 		}
 	}
+}
+
+// dead groups counts the dead events by error alone (one cause over several types is one group), or
+// by type and error; dead requeue --error requeues a whole cause, and nothing else.
+func TestDeadGroupsAndCauses(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d *testDB) {
+		f := addFixture(t, d) // dead1 OrderPlaced, dead2 OrderShipped: "broker down"; waiting: "timeout"
+		sched := addScheduled(t, d)
+		var other string
+		if err := d.db.Transaction(func(tx *gorm.DB) error { return outboxplugin.Emit(tx, "OrderPaid", map[string]int{"n": 1}) }); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.db.Raw(`SELECT message_id FROM outbox_events ORDER BY id DESC LIMIT 1`).Scan(&other).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := d.db.Table(outboxplugin.DefaultTableName).Where("message_id = ?", other).
+			Updates(map[string]any{"dead_at": time.Now().UTC(), "attempts": 5, "last_error": "no stream"}).Error; err != nil {
+			t.Fatal(err)
+		}
+
+		type group struct {
+			EventType  string `json:"event_type"`
+			LastError  string `json:"last_error"`
+			Count      int64  `json:"count"`
+			EventTypes int64  `json:"event_types"`
+		}
+		var out struct {
+			By     string  `json:"by"`
+			Groups []group `json:"groups"`
+			More   bool    `json:"more"`
+		}
+		decode(t, ok(t, "dead", "groups", "--db", d.dsn, "--json"), &out)
+		if want := []group{{"", "broker down", 2, 2}, {"", "no stream", 1, 1}}; out.By != "error" || !slices.Equal(out.Groups, want) || out.More {
+			t.Errorf("dead groups --json: %+v, want %v", out, want)
+		}
+		r := ok(t, "dead", "groups", "--db", d.dsn)
+		if !regexp.MustCompile(`(?m)^2\s+2\s+\S+\s+\S+\s+broker down$`).MatchString(r.stdout) || !strings.Contains(r.stderr, "--error") {
+			t.Errorf("dead groups:\nstdout %s\nstderr %s", r.stdout, r.stderr)
+		}
+		decode(t, ok(t, "dead", "groups", "--db", d.dsn, "--by", "type", "--json", "--limit", "2"), &out)
+		if out.By != "type" || len(out.Groups) != 2 || !out.More || out.Groups[0].EventTypes != 1 || out.Groups[0].EventType == "" {
+			t.Errorf("dead groups --by type --limit 2: %+v", out)
+		}
+
+		// The whole cause in one requeue: both types, and nothing else.
+		var res struct {
+			Affected int64 `json:"affected"`
+		}
+		decode(t, ok(t, "dead", "requeue", "--db", d.dsn, "--all", "--yes", "--state", "dead", "--error", "broker down", "--json"), &res)
+		if res.Affected != 2 {
+			t.Errorf("requeue of the cause: %+v, want 2", res)
+		}
+		for id, want := range map[string]string{f.dead1: "due", f.dead2: "due", other: "dead", f.waiting: "waiting", sched[0]: "scheduled"} {
+			if st := stateOf(t, d, id); st != want {
+				t.Errorf("after the requeue of the cause, %s is %s, want %s", id, st, want)
+			}
+		}
+		if ids, _ := listIDs(t, d, "--error", "timeout"); !slices.Equal(ids, []string{f.waiting}) {
+			t.Errorf("events list --error timeout: %v", ids)
+		}
+		for _, args := range [][]string{{"--by", "cause"}, {"--limit", "0"}, {"--limit", "1001"}, {"extra"}} {
+			wantCode(t, exitUsage, append([]string{"dead", "groups", "--db", d.dsn}, args...)...)
+		}
+	})
 }
