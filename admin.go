@@ -134,39 +134,88 @@ func ParseEventState(s string) (EventState, error) {
 }
 
 // Stats are an outbox table's counts, as of At.
+//
+// Its JSON form is the one of outbox status --json: snake_case names, times in RFC 3339, the oldest
+// pending event's age in seconds (oldest_pending_age_seconds, a float) and its creation time null
+// when there is none, and [] for an empty ByType or TableWarnings (see MarshalJSON).
 type Stats struct {
-	At time.Time
+	// Table is the outbox table counted, as the Admin was given it.
+	Table string    `json:"table"`
+	At    time.Time `json:"at"`
 	// Pending is the backlog: Due + Leased + Waiting.
-	Pending, Due, Leased, Waiting int64
+	Pending int64 `json:"pending"`
+	Due     int64 `json:"due"`
+	Leased  int64 `json:"leased"`
+	Waiting int64 `json:"waiting"`
 	// Scheduled is the delayed events whose time has not come (not in Pending).
-	Scheduled int64
-	Dead      int64
+	Scheduled int64 `json:"scheduled"`
+	Dead      int64 `json:"dead"`
 	// Processed is the number of processed rows kept. Exact up to ExactProcessedLimit; above it,
 	// the database's estimate (PostgreSQL: the processed index's row count as of its last VACUUM or
 	// ANALYZE; MySQL/MariaDB: InnoDB's estimate of the table's rows less the other states), and
 	// ProcessedApproximate is true. SQLite counts exactly.
-	Processed            int64
-	ProcessedApproximate bool
+	Processed            int64 `json:"processed"`
+	ProcessedApproximate bool  `json:"processed_approximate"`
 	// OldestPending is the creation time of the oldest pending event (zero when there is none), and
 	// OldestPendingAge its age at At: how far behind the relay is. Scheduled events do not count: a
-	// reminder written yesterday for tomorrow is not late.
-	OldestPending    time.Time
-	OldestPendingAge time.Duration
+	// reminder written yesterday for tomorrow is not late. In JSON: oldest_pending (null when there
+	// is none) and oldest_pending_age_seconds.
+	OldestPending    time.Time     `json:"-"`
+	OldestPendingAge time.Duration `json:"-"`
 	// ByType has the pending, scheduled and dead counts of each event type that has any, by type
 	// name.
-	ByType []TypeStats
+	ByType []TypeStats `json:"by_type"`
 	// TableWarnings is what the table lacks that makes the relay or the Admin slower than on a
 	// table made by AutoMigrate (see CheckTable): empty when the table is as AutoMigrate makes it,
 	// and typically non-empty when it was made by GORM's own db.AutoMigrate.
-	TableWarnings []TableWarning
+	TableWarnings []TableWarning `json:"table_warnings"`
+}
+
+// statsFields is Stats without its methods, for MarshalJSON and UnmarshalJSON.
+type statsFields Stats
+
+// statsJSON is the JSON form of Stats: its fields, and those that JSON writes in other units.
+type statsJSON struct {
+	statsFields
+	OldestPending           *time.Time `json:"oldest_pending"`
+	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
+}
+
+// MarshalJSON writes s as outbox status --json does (see Stats).
+func (s Stats) MarshalJSON() ([]byte, error) {
+	out := statsJSON{statsFields: statsFields(s), OldestPendingAgeSeconds: s.OldestPendingAge.Seconds()}
+	if !s.OldestPending.IsZero() {
+		out.OldestPending = &s.OldestPending
+	}
+	if out.ByType == nil {
+		out.ByType = []TypeStats{}
+	}
+	if out.TableWarnings == nil {
+		out.TableWarnings = []TableWarning{}
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads the JSON that MarshalJSON writes (and outbox status --json prints).
+func (s *Stats) UnmarshalJSON(b []byte) error {
+	var in statsJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*s = Stats(in.statsFields)
+	if in.OldestPending != nil {
+		s.OldestPending = *in.OldestPending
+	}
+	s.OldestPendingAge = time.Duration(in.OldestPendingAgeSeconds * float64(time.Second))
+	return nil
 }
 
 // TypeStats are one event type's counts.
 type TypeStats struct {
-	EventType string
-	Pending   int64
-	Scheduled int64
-	Dead      int64
+	EventType string `json:"event_type"`
+	Pending   int64  `json:"pending"`
+	Scheduled int64  `json:"scheduled"`
+	Dead      int64  `json:"dead"`
 }
 
 // ExactProcessedLimit is how many processed rows Stats counts exactly before it takes the database's
@@ -182,7 +231,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	fail := func(err error) (Stats, error) {
 		return Stats{}, fmt.Errorf("outboxplugin: Stats of %s: %w", a.table, err)
 	}
-	st := Stats{At: a.q.d.clock(now())}
+	st := Stats{Table: a.table, At: a.q.d.clock(now())}
 	byType := map[string]*TypeStats{}
 	typeOf := func(name string) *TypeStats {
 		t := byType[name]
