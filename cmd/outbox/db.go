@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -125,6 +126,10 @@ func (a *app) open(ctx context.Context, create bool) (*gorm.DB, error) {
 	kind, driverDSN, err := parseDSN(dsn)
 	if err != nil {
 		return nil, err
+	}
+	// --table's name is a usage error before the database is looked at, as the other flags'.
+	if _, err := outboxplugin.SchemaSQL(kindSQLite, a.table); errors.Is(err, outboxplugin.ErrInvalidTableName) {
+		return nil, usageError{fmt.Errorf("--table: %w", err)}
 	}
 	if !create {
 		if err := sqliteMustExist(kind, driverDSN); err != nil {
