@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,7 +207,7 @@ func (s *Stats) UnmarshalJSON(b []byte) error {
 	if in.OldestPending != nil {
 		s.OldestPending = *in.OldestPending
 	}
-	s.OldestPendingAge = time.Duration(in.OldestPendingAgeSeconds * float64(time.Second))
+	s.OldestPendingAge = time.Duration(math.Round(in.OldestPendingAgeSeconds * float64(time.Second)))
 	return nil
 }
 

@@ -2,8 +2,10 @@ package outboxplugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -106,20 +108,52 @@ func (a *Admin) deadGroups(ctx context.Context, byType bool, limit int) ([]DeadG
 
 // Activity is what the relay has done lately, read from the table: how many of the events written in
 // each of the last few intervals are published, and how long the latest published events waited.
+//
+// Its JSON form names its fields in snake_case, as Stats's does, with the durations in seconds
+// (interval_seconds, lag_p50_seconds, lag_p90_seconds, lag_max_seconds; floats).
 type Activity struct {
-	At time.Time
+	At time.Time `json:"at"`
 	// Start is the start of the first interval, Interval their length: Published[i] counts the
 	// processed events written in [Start + i*Interval, Start + (i+1)*Interval).
-	Start     time.Time
-	Interval  time.Duration
-	Published []int64
+	Start     time.Time     `json:"start"`
+	Interval  time.Duration `json:"-"`
+	Published []int64       `json:"published"`
 	// AtLeast[i] is true when interval i holds more than ActivityIntervalLimit processed events:
 	// Published[i] is then that limit, a lower bound.
-	AtLeast []bool
+	AtLeast []bool `json:"at_least"`
 	// LagSample is the number of most recently written processed events (up to ActivityLagSample)
 	// that LagP50, LagP90 and LagMax, the time from their write to their publish, are taken from.
-	LagSample              int
-	LagP50, LagP90, LagMax time.Duration
+	LagSample              int           `json:"lag_sample"`
+	LagP50, LagP90, LagMax time.Duration `json:"-"`
+}
+
+// activityFields is Activity without its methods; activityJSON its JSON form.
+type (
+	activityFields Activity
+	activityJSON   struct {
+		activityFields
+		IntervalSeconds float64 `json:"interval_seconds"`
+		LagP50Seconds   float64 `json:"lag_p50_seconds"`
+		LagP90Seconds   float64 `json:"lag_p90_seconds"`
+		LagMaxSeconds   float64 `json:"lag_max_seconds"`
+	}
+)
+
+// MarshalJSON writes a with its durations in seconds (see Activity).
+func (a Activity) MarshalJSON() ([]byte, error) {
+	return json.Marshal(activityJSON{activityFields(a), a.Interval.Seconds(), a.LagP50.Seconds(), a.LagP90.Seconds(), a.LagMax.Seconds()})
+}
+
+// UnmarshalJSON reads the JSON that MarshalJSON writes.
+func (a *Activity) UnmarshalJSON(b []byte) error {
+	var in activityJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*a = Activity(in.activityFields)
+	seconds := func(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }
+	a.Interval, a.LagP50, a.LagP90, a.LagMax = seconds(in.IntervalSeconds), seconds(in.LagP50Seconds), seconds(in.LagP90Seconds), seconds(in.LagMaxSeconds)
+	return nil
 }
 
 const (

@@ -45,3 +45,18 @@ func TestStatsJSON(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(b), `"oldest_pending_age_seconds":90.5`, "a *Stats marshals the same way")
 }
+
+// Activity's JSON names its fields in snake_case with its durations in seconds, as Stats's does, and
+// reads back into the same Activity.
+func TestActivityJSON(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	act := outboxplugin.Activity{At: at, Start: at.Add(-2 * time.Minute), Interval: time.Minute, Published: []int64{3, 4},
+		AtLeast: []bool{false, true}, LagSample: 7, LagP50: 1500 * time.Millisecond, LagP90: 2 * time.Second, LagMax: 3 * time.Second}
+	b, err := json.Marshal(act)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"at": "2026-01-02T03:04:05Z", "start": "2026-01-02T03:02:05Z", "interval_seconds": 60, "published": [3, 4],
+		"at_least": [false, true], "lag_sample": 7, "lag_p50_seconds": 1.5, "lag_p90_seconds": 2, "lag_max_seconds": 3}`, string(b))
+	var back outboxplugin.Activity
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Equal(t, act, back)
+}
