@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gorm.io/gorm"
 )
@@ -133,39 +135,88 @@ func ParseEventState(s string) (EventState, error) {
 }
 
 // Stats are an outbox table's counts, as of At.
+//
+// Its JSON form is the one of outbox status --json: snake_case names, times in RFC 3339, the oldest
+// pending event's age in seconds (oldest_pending_age_seconds, a float) and its creation time null
+// when there is none, and [] for an empty ByType or TableWarnings (see MarshalJSON).
 type Stats struct {
-	At time.Time
+	// Table is the outbox table counted, as the Admin was given it.
+	Table string    `json:"table"`
+	At    time.Time `json:"at"`
 	// Pending is the backlog: Due + Leased + Waiting.
-	Pending, Due, Leased, Waiting int64
+	Pending int64 `json:"pending"`
+	Due     int64 `json:"due"`
+	Leased  int64 `json:"leased"`
+	Waiting int64 `json:"waiting"`
 	// Scheduled is the delayed events whose time has not come (not in Pending).
-	Scheduled int64
-	Dead      int64
+	Scheduled int64 `json:"scheduled"`
+	Dead      int64 `json:"dead"`
 	// Processed is the number of processed rows kept. Exact up to ExactProcessedLimit; above it,
 	// the database's estimate (PostgreSQL: the processed index's row count as of its last VACUUM or
 	// ANALYZE; MySQL/MariaDB: InnoDB's estimate of the table's rows less the other states), and
 	// ProcessedApproximate is true. SQLite counts exactly.
-	Processed            int64
-	ProcessedApproximate bool
+	Processed            int64 `json:"processed"`
+	ProcessedApproximate bool  `json:"processed_approximate"`
 	// OldestPending is the creation time of the oldest pending event (zero when there is none), and
 	// OldestPendingAge its age at At: how far behind the relay is. Scheduled events do not count: a
-	// reminder written yesterday for tomorrow is not late.
-	OldestPending    time.Time
-	OldestPendingAge time.Duration
+	// reminder written yesterday for tomorrow is not late. In JSON: oldest_pending (null when there
+	// is none) and oldest_pending_age_seconds.
+	OldestPending    time.Time     `json:"-"`
+	OldestPendingAge time.Duration `json:"-"`
 	// ByType has the pending, scheduled and dead counts of each event type that has any, by type
 	// name.
-	ByType []TypeStats
+	ByType []TypeStats `json:"by_type"`
 	// TableWarnings is what the table lacks that makes the relay or the Admin slower than on a
 	// table made by AutoMigrate (see CheckTable): empty when the table is as AutoMigrate makes it,
 	// and typically non-empty when it was made by GORM's own db.AutoMigrate.
-	TableWarnings []TableWarning
+	TableWarnings []TableWarning `json:"table_warnings"`
+}
+
+// statsFields is Stats without its methods, for MarshalJSON and UnmarshalJSON.
+type statsFields Stats
+
+// statsJSON is the JSON form of Stats: its fields, and those that JSON writes in other units.
+type statsJSON struct {
+	statsFields
+	OldestPending           *time.Time `json:"oldest_pending"`
+	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
+}
+
+// MarshalJSON writes s as outbox status --json does (see Stats).
+func (s Stats) MarshalJSON() ([]byte, error) {
+	out := statsJSON{statsFields: statsFields(s), OldestPendingAgeSeconds: s.OldestPendingAge.Seconds()}
+	if !s.OldestPending.IsZero() {
+		out.OldestPending = &s.OldestPending
+	}
+	if out.ByType == nil {
+		out.ByType = []TypeStats{}
+	}
+	if out.TableWarnings == nil {
+		out.TableWarnings = []TableWarning{}
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads the JSON that MarshalJSON writes (and outbox status --json prints).
+func (s *Stats) UnmarshalJSON(b []byte) error {
+	var in statsJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*s = Stats(in.statsFields)
+	if in.OldestPending != nil {
+		s.OldestPending = *in.OldestPending
+	}
+	s.OldestPendingAge = time.Duration(math.Round(in.OldestPendingAgeSeconds * float64(time.Second)))
+	return nil
 }
 
 // TypeStats are one event type's counts.
 type TypeStats struct {
-	EventType string
-	Pending   int64
-	Scheduled int64
-	Dead      int64
+	EventType string `json:"event_type"`
+	Pending   int64  `json:"pending"`
+	Scheduled int64  `json:"scheduled"`
+	Dead      int64  `json:"dead"`
 }
 
 // ExactProcessedLimit is how many processed rows Stats counts exactly before it takes the database's
@@ -181,7 +232,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	fail := func(err error) (Stats, error) {
 		return Stats{}, fmt.Errorf("outboxplugin: Stats of %s: %w", a.table, err)
 	}
-	st := Stats{At: a.q.d.clock(now())}
+	st := Stats{Table: a.table, At: a.q.d.clock(now())}
 	byType := map[string]*TypeStats{}
 	typeOf := func(name string) *TypeStats {
 		t := byType[name]
@@ -362,6 +413,10 @@ type EventFilter struct {
 	MessageID string
 	// LastError matches the error text of the latest failed delivery exactly: one group of
 	// DeadGroups. Only dead and waiting events have one.
+	//
+	// The text fields (and the message ids of Event, Requeue, Discard and DeliverNow) must be UTF-8
+	// without NUL bytes, which PostgreSQL cannot store: others are refused with ErrInvalidFilter on
+	// every database.
 	LastError string
 	// Since and Until bound the creation time: Since <= created_at < Until.
 	Since, Until time.Time
@@ -501,6 +556,9 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkFilterText(f); err != nil {
+		return nil, nil, err
+	}
 	at := a.q.d.clock(now())
 	var groups []string
 	switch state {
@@ -632,6 +690,22 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	return out, cut, nil
 }
 
+// checkFilterText refuses a text of f that is not UTF-8 without NUL bytes: PostgreSQL cannot store
+// one in a text column and answers a parameter holding one with an error of its own (so that a
+// console's /events/%00 was a database error), and the Admin refuses it on every database, so that
+// a filter means the same on each.
+func checkFilterText(f EventFilter) error {
+	for _, v := range []struct{ name, s string }{
+		{"event type", f.EventType}, {"aggregate type", f.AggregateType}, {"aggregate id", f.AggregateID},
+		{"message id", f.MessageID}, {"error text", f.LastError},
+	} {
+		if !utf8.ValidString(v.s) || strings.ContainsRune(v.s, 0) {
+			return fmt.Errorf("%w: %s %q is not text: it has a NUL byte or bytes that are not UTF-8", ErrInvalidFilter, v.name, v.s)
+		}
+	}
+	return nil
+}
+
 // nthRow runs a query of one (created_at, id) row and returns it as a cursor, or nil when there is
 // none.
 func (a *Admin) nthRow(ctx context.Context, query string, args ...any) (*pageCursor, error) {
@@ -696,6 +770,9 @@ func uuidV7Time(id string) (time.Time, bool) {
 func (a *Admin) Event(ctx context.Context, messageID string) (EventInfo, error) {
 	if messageID == "" {
 		return EventInfo{}, fmt.Errorf("outboxplugin: Event: %w: empty message id", ErrInvalidFilter)
+	}
+	if err := checkFilterText(EventFilter{MessageID: messageID}); err != nil {
+		return EventInfo{}, fmt.Errorf("outboxplugin: Event: %w", err)
 	}
 	evs, err := a.findByMessageID(ctx, messageID)
 	if err != nil {

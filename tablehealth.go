@@ -2,6 +2,7 @@ package outboxplugin
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -14,15 +15,28 @@ import (
 // table works either way; the warning says what it costs and the one line that fixes it. The worker
 // logs each at WARN when it starts, Admin.Stats and Admin.CheckTable return them, and the outbox
 // command's status and console show them, all with the same text (String).
+//
+// Its JSON form (outbox status --json's table_warnings) has code, what, cost and fix, and text, its
+// String.
 type TableWarning struct {
 	// Code identifies the warning for programs; its values are the TableWarning* constants.
-	Code TableWarningCode
+	Code TableWarningCode `json:"code"`
 	// What names what the table lacks or keeps, and the table.
-	What string
+	What string `json:"what"`
 	// Cost is what it costs, as measured by the package's benchmarks.
-	Cost string
+	Cost string `json:"cost"`
 	// Fix is the one line that fixes it.
-	Fix string
+	Fix string `json:"fix"`
+}
+
+// MarshalJSON writes w's fields and its String as text, the line the worker's log and outbox status
+// give.
+func (w TableWarning) MarshalJSON() ([]byte, error) {
+	type fields TableWarning
+	return json.Marshal(struct {
+		fields
+		Text string `json:"text"`
+	}{fields(w), w.String()})
 }
 
 // TableWarningCode identifies a TableWarning.

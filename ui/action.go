@@ -1,6 +1,7 @@
 package outboxui
 
 import (
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -16,13 +17,14 @@ const maxSelection = 1000
 // mutation is a requeue, discard or deliver-now the console has been asked for, as its form says.
 type mutation struct {
 	Op    string   // requeue, discard (failed events) or deliver-now (scheduled events)
-	Scope string   // ids or group
+	Scope string   // ids, group (one event type and error text) or cause (one error text, any type)
 	IDs   []string // scope ids
 	Type  string   // scope group: the event type
-	Error string   // scope group: the error text
+	Error string   // scope group and cause: the error text
 	Back  string   // where to go afterwards: a path of the console
 	CSRF  string
-	Count int64 // scope group: how many events the group has now (for the confirmation)
+	Count int64 // scope group and cause: how many events it has now (for the confirmation)
+	Types int64 // scope cause: how many event types its events have now
 }
 
 // action runs a mutation: writes enabled, an authenticated user, a form that parses, the CSRF token
@@ -54,15 +56,19 @@ func (c *Console) action(q *request) {
 		return
 	}
 	if q.r.PostFormValue("confirm") != "yes" {
-		if m.Scope == "group" {
-			groups, _, err := c.admin.DeadGroups(q.ctx(), outboxplugin.MaxDeadGroups)
+		if m.Scope != "ids" {
+			list := c.admin.DeadGroups
+			if m.Scope == "cause" {
+				list = c.admin.DeadCauses
+			}
+			groups, _, err := list(q.ctx(), outboxplugin.MaxDeadGroups)
 			if err != nil {
 				c.adminError(q, "the dead events", err)
 				return
 			}
 			for _, g := range groups {
 				if g.EventType == m.Type && g.LastError == m.Error {
-					m.Count = g.Count
+					m.Count, m.Types = g.Count, g.EventTypes
 				}
 			}
 		}
@@ -85,13 +91,22 @@ func (c *Console) action(q *request) {
 	}
 	attrs := []slog.Attr{slog.String("user", user), slog.String("remote", q.r.RemoteAddr), slog.String("scope", m.Scope),
 		slog.Int64("events", n)}
-	if m.Scope == "ids" {
+	switch m.Scope {
+	case "ids":
 		attrs = append(attrs, slog.Any("message_ids", m.IDs))
-	} else {
+	case "cause":
+		attrs = append(attrs, slog.String("last_error", m.Error))
+	default:
 		attrs = append(attrs, slog.String("event_type", m.Type), slog.String("last_error", m.Error))
 	}
 	if err != nil {
-		c.cfg.logger.LogAttrs(q.ctx(), slog.LevelError, "outboxui: "+m.Op+" failed", append(attrs, slog.String("error", err.Error()))...)
+		// Every attempt is logged with its user; one the Admin refused as bad input is the
+		// client's, not an error of the console's.
+		level, what := slog.LevelError, " failed"
+		if errors.Is(err, outboxplugin.ErrInvalidFilter) {
+			level, what = slog.LevelWarn, " refused"
+		}
+		c.cfg.logger.LogAttrs(q.ctx(), level, "outboxui: "+m.Op+what, append(attrs, slog.String("error", err.Error()))...)
 		c.adminError(q, "the events to "+m.Op, err)
 		return
 	}
@@ -104,6 +119,8 @@ func (c *Console) action(q *request) {
 	http.Redirect(q.w, q.r, back+sep+url.Values{"done": {m.Op}, "n": {strconv.FormatInt(n, 10)}}.Encode(), http.StatusSeeOther)
 }
 
+// groupFilter selects the dead events of a group, or of a cause (m.Type is "": every type). Dead only:
+// a waiting event of the same error keeps its retry, and a scheduled one has no error.
 func (m mutation) groupFilter() outboxplugin.EventFilter {
 	return outboxplugin.EventFilter{State: outboxplugin.StateDead, EventType: m.Type, LastError: m.Error}
 }
@@ -119,7 +136,7 @@ func (c *Console) parseMutation(q *request) (mutation, string) {
 	switch m.Op {
 	case "requeue", "discard":
 	case "deliver-now":
-		if m.Scope == "group" {
+		if m.Scope == "group" || m.Scope == "cause" {
 			return m, "A group is dead events: deliver now is for scheduled events, select them instead."
 		}
 	default:
@@ -150,8 +167,14 @@ func (c *Console) parseMutation(q *request) (mutation, string) {
 			// An empty LastError filter selects every dead event of the type, not this group.
 			return m, "This group has no error text to select it by: select its events instead."
 		}
+	case "cause":
+		m.Type = "" // every event type
+		if m.Error == "" {
+			// An empty LastError filter selects every dead event, not this cause.
+			return m, "This cause has no error text to select it by: select its events instead."
+		}
 	default:
-		return m, "Unknown scope " + strconv.Quote(m.Scope) + ": ids or group."
+		return m, "Unknown scope " + strconv.Quote(m.Scope) + ": ids, group or cause."
 	}
 	return m, ""
 }

@@ -390,6 +390,13 @@ func TestBrowserReadsTheConsole(t *testing.T) {
 		b.screenshot("event")
 
 		b.open(base + "dead")
+		causes := evaluate[[]string](b, `[...document.querySelectorAll("tr[data-cause]")].map(r => r.dataset.cause + " | " + r.querySelector("td[data-types]").innerText.trim() + " | " + r.querySelector("td.n:not([data-types])").innerText.trim())`)
+		if want := []string{"broker said no: 503 | 1 | 2", "payload too large | 1 | 1"}; !slices.Equal(causes, want) {
+			t.Errorf("dead causes %q, want %q", causes, want)
+		}
+		if status := b.click(`a[href$="dead?by=type"]`); status != 200 {
+			t.Fatalf("the per-type view: %d", status)
+		}
 		groups := evaluate[[]string](b, `[...document.querySelectorAll("tr[data-group-type]")].map(r => r.dataset.groupType + " | " + r.querySelector("td.err").innerText.trim() + " | " + r.querySelector("td.n").innerText.trim())`)
 		if want := []string{f.orderType + " | broker said no: 503 | 2", "PaymentFailed | payload too large | 1"}; !slices.Equal(groups, want) {
 			t.Errorf("dead groups %q, want %q", groups, want)
@@ -437,7 +444,7 @@ func TestBrowserRequeueIsPublished(t *testing.T) {
 		b := newBrowser(t)
 		b.setCredentials("oncall", "s3cret-pw")
 		base := srv.URL + "/outbox/"
-		b.open(base + "dead")
+		b.open(base + "dead?by=type")
 		if status := b.click(`tr[data-group-type="` + f.orderType + `"] a[href*="/dead?"]`); status != 200 {
 			t.Fatalf("the group's events: %d", status)
 		}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorm-outbox/outboxplugin"
 )
@@ -208,7 +209,8 @@ type eventData struct {
 
 func (c *Console) event(q *request, escaped string) {
 	id, err := url.PathUnescape(escaped)
-	if err != nil || id == "" || len(id) > 200 {
+	// Not text (a NUL byte, bytes that are not UTF-8): no event has it, and PostgreSQL refuses it.
+	if err != nil || id == "" || len(id) > 200 || !utf8.ValidString(id) || strings.ContainsRune(id, 0) {
 		c.badRequest(q, "Not a message id.")
 		return
 	}
@@ -236,20 +238,38 @@ func (c *Console) event(q *request, escaped string) {
 type deadData struct {
 	Groups []outboxplugin.DeadGroup
 	More   bool
-	// List is the events of one group, when the query names one (type=, error=).
+	// ByType: the groups are of one event type and one error text each (?by=type); otherwise of one
+	// error text each, whatever the type (the default: one cause, such as a stream that does not
+	// exist, is one group however many event types it stopped).
+	ByType bool
+	// List is the events of one group, when the query names one: type= and error= (by type), or
+	// error= alone (by error).
 	List *eventsData
 	Back string
 }
 
 func (c *Console) dead(q *request) {
-	groups, more, err := c.admin.DeadGroups(q.ctx(), 0)
+	v := q.r.URL.Query()
+	var byType bool
+	switch v.Get("by") {
+	case "", "error":
+		byType = v.Has("type") // a link to one group of the per-type view
+	case "type":
+		byType = true
+	default:
+		c.badRequest(q, "Dead events are grouped by error or by type.")
+		return
+	}
+	groups, more, err := c.admin.DeadCauses(q.ctx(), 0)
+	if byType {
+		groups, more, err = c.admin.DeadGroups(q.ctx(), 0)
+	}
 	if err != nil {
 		c.adminError(q, "the dead events", err)
 		return
 	}
-	d := deadData{Groups: groups, More: more, Back: q.r.URL.RequestURI()}
-	v := q.r.URL.Query()
-	if v.Has("type") {
+	d := deadData{Groups: groups, More: more, ByType: byType, Back: q.r.URL.RequestURI()}
+	if v.Has("type") || (!byType && v.Has("error")) {
 		g := outboxplugin.DeadGroup{EventType: v.Get("type"), LastError: v.Get("error")}
 		for _, have := range groups {
 			if have.EventType == g.EventType && have.LastError == g.LastError {
@@ -264,7 +284,7 @@ func (c *Console) dead(q *request) {
 			return
 		}
 		if g.LastError == "" {
-			// No error text to select by: the filter took every dead event of the type.
+			// No error text to select by: the filter took every dead event (of the type).
 			var kept []outboxplugin.EventInfo
 			for _, e := range page.Events {
 				if e.LastError == "" {
@@ -275,7 +295,10 @@ func (c *Console) dead(q *request) {
 		}
 		list := &eventsData{Filter: f, Page: page, Group: &g, Back: d.Back}
 		if page.Next != "" {
-			next := url.Values{"type": {g.EventType}, "error": {g.LastError}, "cursor": {page.Next}}
+			next := url.Values{"error": {g.LastError}, "cursor": {page.Next}}
+			if byType {
+				next.Set("type", g.EventType)
+			}
 			list.NextURL = q.base + "dead?" + next.Encode()
 		}
 		d.List = list

@@ -153,6 +153,9 @@ var funcs = template.FuncMap{
 		}
 		return base + path + "?" + q.Encode()
 	},
+	// causeQuery is the query of one cause's list: error= even when the text is empty (events that
+	// died without one), which query leaves out.
+	"causeQuery": func(lastError string) string { return url.Values{"error": {lastError}}.Encode() },
 	"key": func(e outboxplugin.EventInfo) string {
 		if e.AggregateType == "" && e.AggregateID == "" {
 			return ""

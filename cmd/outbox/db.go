@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -112,8 +113,12 @@ func (a *app) readDSN() (string, error) {
 }
 
 // openDB opens the database of --db or --db-file, with GORM's logging off (its messages quote SQL
-// and driver errors), and checks it is reachable.
-func (a *app) openDB(ctx context.Context) (*gorm.DB, error) {
+// and driver errors), and checks it is reachable. A SQLite file that does not exist is an error: see
+// sqliteMustExist.
+func (a *app) openDB(ctx context.Context) (*gorm.DB, error) { return a.open(ctx, false) }
+
+// open is openDB, and with create a SQLite file that does not exist is created (migrate).
+func (a *app) open(ctx context.Context, create bool) (*gorm.DB, error) {
 	dsn, err := a.readDSN()
 	if err != nil {
 		return nil, err
@@ -121,6 +126,15 @@ func (a *app) openDB(ctx context.Context) (*gorm.DB, error) {
 	kind, driverDSN, err := parseDSN(dsn)
 	if err != nil {
 		return nil, err
+	}
+	// --table's name is a usage error before the database is looked at, as the other flags'.
+	if _, err := outboxplugin.SchemaSQL(kindSQLite, a.table); errors.Is(err, outboxplugin.ErrInvalidTableName) {
+		return nil, usageError{fmt.Errorf("--table: %w", err)}
+	}
+	if !create {
+		if err := sqliteMustExist(kind, driverDSN); err != nil {
+			return nil, err
+		}
 	}
 	if kind == kindMySQL {
 		// The driver logs some connection errors itself, to stderr.

@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,10 +21,10 @@ func init() { register(newDeadCmd) }
 func newDeadCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dead",
-		Short: "Requeue or discard failed events",
+		Short: "Group, requeue or discard failed events",
 		Args:  noArgs,
 	}
-	cmd.AddCommand(
+	cmd.AddCommand(newDeadGroupsCmd(a),
 		newRepairCmd(a, repairAction{
 			parent: "dead", name: "requeue", past: "requeued", states: "dead or waiting",
 			short: "Make failed events (dead, or waiting for a retry) due now, with their attempts reset",
@@ -32,6 +34,7 @@ or --state waiting narrows that. Events being delivered or already processed are
 are scheduled events (delayed events whose time has not come: they keep their time; a message id of
 one is named on stderr, and in JSON as "left_scheduled"): "outbox events deliver-now" is the command
 that moves them.`,
+			acts:          []outboxplugin.EventState{outboxplugin.StateDead, outboxplugin.StateWaiting},
 			withState:     true,
 			nameScheduled: true,
 			byIDs:         (*outboxplugin.Admin).Requeue,
@@ -41,6 +44,7 @@ that moves them.`,
 			parent: "dead", name: "discard", past: "discarded", states: "dead",
 			short: "Delete dead events",
 			long:  `discard deletes dead events. Events of any other state are left alone.`,
+			acts:  []outboxplugin.EventState{outboxplugin.StateDead},
 			byIDs: (*outboxplugin.Admin).Discard,
 			where: (*outboxplugin.Admin).DiscardWhere,
 		}),
@@ -54,7 +58,8 @@ type repairAction struct {
 	parent             string // the command it is under: dead or events
 	name, past, states string
 	short, long        string
-	withState          bool // takes --state (requeue: dead or waiting)
+	acts               []outboxplugin.EventState // the states it acts on
+	withState          bool                      // takes --state (requeue: dead or waiting)
 	// nameScheduled: the message ids it left alone are looked up, and those of scheduled events named
 	// (requeue: the operator may have meant deliver-now).
 	nameScheduled bool
@@ -114,7 +119,7 @@ without a terminal and without --yes it refuses (exit 4).`,
 			if err != nil {
 				return err
 			}
-			return a.printAffected(act, n, nil)
+			return a.printAffected(act, n, nil, nil)
 		}),
 	}
 	fs := cmd.Flags()
@@ -127,46 +132,81 @@ without a terminal and without --yes it refuses (exit 4).`,
 	return cmd
 }
 
+// repairByIDs acts on the events of the message ids. Each id is looked up first: one that is not in
+// the table is named on stderr and in JSON ("not_found"), the others are acted on, and the run then
+// ends with an error wrapping ErrEventNotFound (exit 3, as events show of an unknown id). An id whose
+// event is in a state the action leaves alone is named with its state, and does not change the exit
+// code: the event is there, and already not what the action would change.
 func (a *app) repairByIDs(ctx context.Context, act repairAction, ids []string) error {
 	adm, closeDB, err := a.admin(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	n, err := act.byIDs(adm, ctx, ids...)
-	if err != nil {
-		return err
+	var (
+		known, notFound []string
+		before          = map[string]outboxplugin.EventInfo{}
+	)
+	for _, id := range ids {
+		e, err := adm.Event(ctx, id)
+		switch {
+		case errors.Is(err, outboxplugin.ErrEventNotFound):
+			notFound = append(notFound, id)
+			continue
+		case err != nil:
+			return err
+		}
+		known = append(known, id)
+		before[id] = e
 	}
-	if !a.json && n < int64(len(ids)) {
-		fmt.Fprintf(a.stderr, "%d of the %d message ids matched no %s event\n", int64(len(ids))-n, len(ids), act.states)
+	var n int64
+	if len(known) > 0 {
+		if n, err = act.byIDs(adm, ctx, known...); err != nil {
+			return err
+		}
 	}
 	var scheduled []string
-	if act.nameScheduled && n < int64(len(ids)) {
-		// Some were left alone: say which of them are scheduled, and what moves those.
-		for _, id := range ids {
-			e, err := adm.Event(ctx, id)
-			if err != nil || e.State != outboxplugin.StateScheduled {
-				continue
-			}
+	for _, id := range known {
+		e := before[id]
+		if slices.Contains(act.acts, e.State) {
+			continue
+		}
+		if act.nameScheduled && e.State == outboxplugin.StateScheduled {
+			// The operator may have meant deliver-now.
 			scheduled = append(scheduled, id)
 			if !a.json {
 				fmt.Fprintf(a.stderr, "%s is scheduled for %s: %s leaves it; outbox events deliver-now %s makes it due now\n",
 					id, e.NextAttemptAt.UTC().Format(time.RFC3339), act.name, id)
 			}
+			continue
+		}
+		if !a.json {
+			fmt.Fprintf(a.stderr, "%s is %s: %s acts on %s events only, and left it alone\n", id, e.State, act.name, act.states)
 		}
 	}
-	return a.printAffected(act, n, scheduled)
+	if !a.json && n < int64(len(known)) {
+		fmt.Fprintf(a.stderr, "%d of the %d message ids matched no %s event\n", int64(len(known))-n, len(known), act.states)
+	}
+	if err := a.printAffected(act, n, scheduled, notFound); err != nil {
+		return err
+	}
+	if len(notFound) > 0 {
+		return fmt.Errorf("%s: %d of the %d message ids are not in the table %s: %s: %w",
+			act.name, len(notFound), len(ids), a.table, strings.Join(notFound, ", "), outboxplugin.ErrEventNotFound)
+	}
+	return nil
 }
 
 // printAffected prints how many events act changed, and in JSON the message ids of the scheduled
-// events it left alone (requeue by message id).
-func (a *app) printAffected(act repairAction, n int64, leftScheduled []string) error {
+// events it left alone (requeue by message id) and of those not in the table.
+func (a *app) printAffected(act repairAction, n int64, leftScheduled, notFound []string) error {
 	if a.json {
 		return a.printJSON(struct {
 			Action        string   `json:"action"`
 			Affected      int64    `json:"affected"`
 			LeftScheduled []string `json:"left_scheduled,omitempty"`
-		}{act.name, n, leftScheduled})
+			NotFound      []string `json:"not_found,omitempty"`
+		}{act.name, n, leftScheduled, notFound})
 	}
 	_, err := fmt.Fprintf(a.stdout, "%s %d events\n", act.past, n)
 	return err
@@ -184,7 +224,7 @@ func describeFilter(ff filterFlags) string {
 	var parts []string
 	for _, p := range []struct{ name, v string }{
 		{"type", ff.eventType}, {"aggregate-type", ff.aggregateType}, {"aggregate-id", ff.aggregateID},
-		{"message-id", ff.messageID}, {"since", ff.since}, {"until", ff.until},
+		{"message-id", ff.messageID}, {"error", ff.lastError}, {"since", ff.since}, {"until", ff.until},
 	} {
 		if p.v != "" {
 			parts = append(parts, p.name+"="+p.v)

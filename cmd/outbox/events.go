@@ -17,6 +17,9 @@ import (
 
 func init() { register(newEventsCmd) }
 
+// maxLimit is the largest page events list asks for: the Admin's bound.
+const maxLimit = 1000
+
 // eventJSON is the JSON form of outboxplugin.EventInfo.
 type eventJSON struct {
 	ID            int64             `json:"id"`
@@ -89,6 +92,7 @@ func newEventsCmd(a *app) *cobra.Command {
 		long: `deliver-now makes scheduled events — delayed events (DeliverAfter, DeliverAt) whose time has
 not come — due now: workers publish them at their next poll, ahead of the time they were written
 with. It acts on scheduled events only; failed ones are requeued with "outbox dead requeue".`,
+		acts:  []outboxplugin.EventState{outboxplugin.StateScheduled},
 		byIDs: (*outboxplugin.Admin).DeliverNow,
 		where: (*outboxplugin.Admin).DeliverNowWhere,
 	}))
@@ -112,7 +116,10 @@ JSON): pass it back with --cursor and the same filter and --oldest.
 
 States: due, leased, waiting (failed, retried at next_attempt_at), scheduled (delayed, not yet at
 its time), dead, processed; pending (due, leased and waiting); all (the default).
-A --type or aggregate filter among many processed events reads far: bound it with --since/--until.`,
+A --type or aggregate filter among processed events, which no index holds, reads at most 20000
+processed events per page: a page that did not fill within them says the search stopped there (on
+stderr, and "partial": true with "searched_to" in JSON), and its cursor searches on from where it
+stopped. There may be no more matching events at all: bound the search with --since/--until.`,
 		Example: `  outbox events list --db shop.db --state dead --type OrderPlaced
   outbox events list --db shop.db --since 2h --limit 100 --json
   outbox events list --db shop.db --cursor 1767369600000000000.42`,
@@ -124,6 +131,10 @@ A --type or aggregate filter among many processed events reads far: bound it wit
 			}
 			if f.State, err = outboxplugin.ParseEventState(state); err != nil {
 				return err
+			}
+			if limit < 1 || limit > maxLimit {
+				// The Admin reads 0 as its default page; here 0 is a typo or a script's bug.
+				return usagef("--limit %d: want 1..%d", limit, maxLimit)
 			}
 			f.Limit, f.Cursor, f.Oldest = limit, cursor, oldest
 			adm, closeDB, err := a.admin(cmd.Context())
@@ -139,25 +150,33 @@ A --type or aggregate filter among many processed events reads far: bound it wit
 				out := struct {
 					Events     []eventJSON `json:"events"`
 					NextCursor string      `json:"next_cursor"`
-				}{Events: []eventJSON{}, NextCursor: page.Next}
+					// Partial: the search among processed events stopped after MaxProcessedScan rows
+					// before it filled the page; SearchedTo is the creation time it got to, and
+					// NextCursor continues from there.
+					Partial    bool       `json:"partial"`
+					SearchedTo *time.Time `json:"searched_to,omitempty"`
+				}{Events: []eventJSON{}, NextCursor: page.Next, Partial: page.Partial}
+				if page.Partial {
+					out.SearchedTo = &page.SearchedTo
+				}
 				for _, e := range page.Events {
 					out.Events = append(out.Events, toEventJSON(e, false))
 				}
 				return a.printJSON(out)
 			}
-			return a.printEventList(page)
+			return a.printEventList(page, oldest)
 		}),
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&state, "state", "", "only events in this state: due, leased, waiting, scheduled, dead, processed, pending or all")
 	ff.register(fs)
-	fs.IntVar(&limit, "limit", 50, "events per page, 1..1000")
+	fs.IntVar(&limit, "limit", 50, fmt.Sprintf("events per page, 1..%d", maxLimit))
 	fs.StringVar(&cursor, "cursor", "", "continue after the page that printed this cursor")
 	fs.BoolVar(&oldest, "oldest", false, "oldest events first")
 	return cmd
 }
 
-func (a *app) printEventList(page outboxplugin.Page) error {
+func (a *app) printEventList(page outboxplugin.Page, oldest bool) error {
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "MESSAGE ID\tTYPE\tAGGREGATE\tSTATE\tATTEMPTS\tCREATED\tLAST ERROR")
 	for _, e := range page.Events {
@@ -171,7 +190,19 @@ func (a *app) printEventList(page outboxplugin.Page) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	if page.Next != "" {
+	switch {
+	case page.Partial:
+		// Not "more events": there may be none. The search read its bound of processed rows and
+		// stopped; the cursor goes on from where it stopped.
+		dir := "back to"
+		if oldest {
+			dir = "up to"
+		}
+		fmt.Fprintf(a.stderr, "the search stopped after reading %d processed events (%s %s) with %d of the page found: "+
+			"there may be more matching events past it: add --cursor %s (with the same filter) to search on, "+
+			"or narrow the search with --since/--until\n",
+			outboxplugin.MaxProcessedScan, dir, page.SearchedTo.UTC().Format(time.RFC3339Nano), len(page.Events), page.Next)
+	case page.Next != "":
 		fmt.Fprintf(a.stderr, "more events: add --cursor %s (with the same filter) for the next page\n", page.Next)
 	}
 	return nil

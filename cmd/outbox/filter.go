@@ -14,6 +14,7 @@ import (
 // filterFlags are the flags that select events, shared by events list and the dead commands.
 type filterFlags struct {
 	eventType, aggregateType, aggregateID, messageID string
+	lastError                                        string
 	since, until                                     string
 }
 
@@ -22,13 +23,15 @@ func (f *filterFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.aggregateType, "aggregate-type", "", "only events of this aggregate type (give --aggregate-id too)")
 	fs.StringVar(&f.aggregateID, "aggregate-id", "", "only events of this aggregate id (give --aggregate-type too)")
 	fs.StringVar(&f.messageID, "message-id", "", "only the event with this message id")
+	fs.StringVar(&f.lastError, "error", "", "only events whose last error is exactly this text (dead and waiting events have one): a cause of outbox dead groups")
 	fs.StringVar(&f.since, "since", "", "only events created at or after this time: RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (90m, 2h, 7d)")
 	fs.StringVar(&f.until, "until", "", "only events created before this time: RFC 3339 or a duration ago")
 }
 
 // set reports whether any of the filter flags was given.
 func (f *filterFlags) set() bool {
-	return f.eventType != "" || f.aggregateType != "" || f.aggregateID != "" || f.messageID != "" || f.since != "" || f.until != ""
+	return f.eventType != "" || f.aggregateType != "" || f.aggregateID != "" || f.messageID != "" || f.lastError != "" ||
+		f.since != "" || f.until != ""
 }
 
 // filter returns the EventFilter of the flags, as of now.
@@ -38,6 +41,7 @@ func (f *filterFlags) filter(now time.Time) (outboxplugin.EventFilter, error) {
 		AggregateType: f.aggregateType,
 		AggregateID:   f.aggregateID,
 		MessageID:     f.messageID,
+		LastError:     f.lastError,
 	}
 	// The Admin matches an aggregate by both parts: one alone would match the events with the other empty.
 	if (f.aggregateType == "") != (f.aggregateID == "") {

@@ -34,6 +34,9 @@ func run(ctx context.Context, args []string, stdin *os.File, stdout, stderr *os.
 	}
 	code := a.exitCode(err)
 	fmt.Fprintln(stderr, "outbox: "+a.redact(err.Error()))
+	if missingTable(err) {
+		fmt.Fprintln(stderr, a.missingTableHint())
+	}
 	if code == exitUsage {
 		fmt.Fprintln(stderr, "Run 'outbox --help' (or 'outbox COMMAND --help') for usage.")
 	}

@@ -64,7 +64,7 @@ exist.`,
 			case dialect != "":
 				return a.printSchema(dialect, format, output, keyOrdering, opts)
 			}
-			db, err := a.openDB(cmd.Context())
+			db, err := a.open(cmd.Context(), !dryRun) // a dry run creates no SQLite file
 			if err != nil {
 				return err
 			}

@@ -108,8 +108,9 @@ func newRelayCmd(a *app) *cobra.Command {
 		Long:  relayLong,
 		Example: `  outbox relay --db postgres://app@db.internal/shop --broker nats://nats:4222 --workers 2
   OUTBOX_DB_FILE=/run/secrets/dsn OUTBOX_BROKER=redis://redis:6379/0 outbox relay --log-format json`,
-		Args: noArgs,
-		RunE: a.runE(func(cmd *cobra.Command, _ []string) error { return a.relay(cmd.Context(), &f) }),
+		Args:    noArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error { return checkBrokerFlags(cmd.Flags(), &f) },
+		RunE:    a.runE(func(cmd *cobra.Command, _ []string) error { return a.relay(cmd.Context(), &f) }),
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.broker, "broker", "", "the broker URL: nats://, kafka:// or kafkas://, amqp:// or redis:// (see above)")
@@ -323,6 +324,9 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	}
 	kind, driverDSN, err := parseDSN(dsn)
 	if err != nil {
+		return err
+	}
+	if err := sqliteMustExist(kind, driverDSN); err != nil {
 		return err
 	}
 

@@ -18,7 +18,7 @@ const (
 	exitOK       = 0
 	exitFailed   = 1 // the operation failed: a database error, an unreadable table
 	exitUsage    = 2 // a bad flag, argument or filter
-	exitNotFound = 3 // events show of a message id that is not there
+	exitNotFound = 3 // a message id that is not there: events show, dead requeue/discard, events deliver-now
 	exitRefused  = 4 // a confirmation declined, or not possible without a terminal
 )
 
@@ -67,7 +67,8 @@ Selecting the database (--db, or --db-file with the DSN in a file):
   MySQL        a go-sql-driver DSN, user:pass@tcp(host:3306)/db?params (any DSN with @tcp(, @unix(
                or @/), or a URL mysql://user:pass@host:3306/db?params, converted to that form;
                parseTime=true is added
-  SQLite       a path ending .db, .sqlite or .sqlite3, a file: URI, or sqlite://PATH
+  SQLite       a path ending .db, .sqlite or .sqlite3, a file: URI, or sqlite://PATH; the file must
+               exist, except for migrate, which creates it
 The rules are tried in this order; anything else is a usage error. Passwords in the DSN never appear
 in the output: error messages show them, and any user:pass@ part, as xxxxx.
 
@@ -79,7 +80,8 @@ Exit codes:
   0  ok
   1  the operation failed (a database error, ...)
   2  usage error: a bad flag, argument or filter
-  3  not found: events show of a message id that is not in the table
+  3  not found: a message id that is not in the table (events show; dead requeue, dead discard
+     and events deliver-now name it, after acting on the ids that are there)
   4  refused: a confirmation was declined, or asked for without a terminal and without --yes`
 
 func newRootCmd(a *app) *cobra.Command {

@@ -12,43 +12,6 @@ import (
 
 func init() { register(newStatusCmd) }
 
-// statsJSON is the JSON form of outboxplugin.Stats.
-type statsJSON struct {
-	Table                string          `json:"table"`
-	At                   time.Time       `json:"at"`
-	Pending              int64           `json:"pending"`
-	Due                  int64           `json:"due"`
-	Leased               int64           `json:"leased"`
-	Waiting              int64           `json:"waiting"`
-	Scheduled            int64           `json:"scheduled"`
-	Dead                 int64           `json:"dead"`
-	Processed            int64           `json:"processed"`
-	ProcessedApproximate bool            `json:"processed_approximate"`
-	OldestPending        *time.Time      `json:"oldest_pending"`
-	OldestPendingSeconds float64         `json:"oldest_pending_age_seconds"`
-	ByType               []typeStatsJSON `json:"by_type"`
-	// TableWarnings is what the table lacks that makes the relay or the Admin slower (a table made by
-	// GORM's own db.AutoMigrate): [] when nothing.
-	TableWarnings []tableWarningJSON `json:"table_warnings"`
-}
-
-// tableWarningJSON is the JSON form of outboxplugin.TableWarning; Text is its String, the line the
-// text output and the worker's log give.
-type tableWarningJSON struct {
-	Code string `json:"code"`
-	What string `json:"what"`
-	Cost string `json:"cost"`
-	Fix  string `json:"fix"`
-	Text string `json:"text"`
-}
-
-type typeStatsJSON struct {
-	EventType string `json:"event_type"`
-	Pending   int64  `json:"pending"`
-	Scheduled int64  `json:"scheduled"`
-	Dead      int64  `json:"dead"`
-}
-
 func newStatusCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status",
@@ -79,30 +42,11 @@ read.`,
 				return err
 			}
 			if a.json {
-				return a.printJSON(toStatsJSON(a.table, st))
+				return a.printJSON(st) // Stats's own JSON form
 			}
 			return a.printStats(st)
 		}),
 	}
-}
-
-func toStatsJSON(table string, st outboxplugin.Stats) statsJSON {
-	out := statsJSON{
-		Table: table, At: st.At, Pending: st.Pending, Due: st.Due, Leased: st.Leased, Waiting: st.Waiting,
-		Scheduled: st.Scheduled, Dead: st.Dead, Processed: st.Processed, ProcessedApproximate: st.ProcessedApproximate,
-		OldestPendingSeconds: st.OldestPendingAge.Seconds(), ByType: []typeStatsJSON{},
-		TableWarnings: []tableWarningJSON{},
-	}
-	for _, w := range st.TableWarnings {
-		out.TableWarnings = append(out.TableWarnings, tableWarningJSON{Code: string(w.Code), What: w.What, Cost: w.Cost, Fix: w.Fix, Text: w.String()})
-	}
-	if !st.OldestPending.IsZero() {
-		out.OldestPending = &st.OldestPending
-	}
-	for _, t := range st.ByType {
-		out.ByType = append(out.ByType, typeStatsJSON(t))
-	}
-	return out
 }
 
 func (a *app) printStats(st outboxplugin.Stats) error {

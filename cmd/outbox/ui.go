@@ -118,6 +118,10 @@ func (a *app) serveConsole(ctx context.Context, addr string, opts []outboxui.Opt
 		return err
 	}
 	defer closeDB()
+	// A console of a table that is not there answers every page with an error: say so now instead.
+	if _, err := adm.CheckTable(ctx); err != nil && missingTable(err) {
+		return err
+	}
 	console, err := outboxui.New(adm, opts...)
 	if err != nil {
 		return usageError{err}
