@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -27,10 +29,17 @@ import (
 // does not pile up).
 
 // testPrefix starts every name this run creates on a server.
-var testPrefix = "outboxtest_cmd_" + randomHex()[:8] + "_"
+var testPrefix = "outboxtest_cmd_" + leakToken(4) + "_"
 
 // testName returns a name of this run for what: testPrefix, what and a random suffix.
-func testName(what string) string { return testPrefix + what + "_" + randomHex() }
+func testName(what string) string { return testPrefix + what + "_" + leakToken(6) }
+
+// leakToken returns n random bytes in lower-case hexadecimal, which can end an unquoted name.
+func leakToken(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
 
 // rabbitNames are the exchange and queue names of this run (AMQP cannot list what a broker holds,
 // so the check looks up each of these).
@@ -42,10 +51,19 @@ var rabbitNames struct {
 // rabbitName returns a name of this run for a RabbitMQ exchange or queue, which checkLeaks looks up.
 func rabbitName(what string) string {
 	name := testName(what)
+	registerRabbit(name)
+	return name
+}
+
+// registerRabbit records names of exchanges or queues of this run, for checkLeaks to look up.
+func registerRabbit(names ...string) {
 	rabbitNames.Lock()
 	defer rabbitNames.Unlock()
-	rabbitNames.names = append(rabbitNames.names, name)
-	return name
+	for _, name := range names {
+		if !slices.Contains(rabbitNames.names, name) {
+			rabbitNames.names = append(rabbitNames.names, name)
+		}
+	}
 }
 
 // leakCheck is one server's look for leftovers of this run.
@@ -59,14 +77,12 @@ type leakCheck struct {
 
 // leakChecks are the servers this package's tests create things on.
 func leakChecks() []leakCheck {
-	dbs := os.Getenv("OUTBOX_REQUIRE_DBS") == "1"
-	brokers := os.Getenv("OUTBOX_REQUIRE_BROKERS") == "1"
 	return []leakCheck{
-		databaseLeaks("PostgreSQL databases", "pgx", postgresServerDSN(), dbs),
-		databaseLeaks("MariaDB databases", "mysql", mysqlServerDSN(), dbs),
-		natsLeaks(natsURL(), brokers),
-		redisLeaks(redisURL(), brokers),
-		rabbitLeaks(rabbitURL(), brokers),
+		databaseLeaks("PostgreSQL databases", "pgx", postgresServerDSN(), os.Getenv("OUTBOX_REQUIRE_DBS") == "1"),
+		databaseLeaks("MariaDB databases", "mysql", mysqlServerDSN(), os.Getenv("OUTBOX_REQUIRE_DBS") == "1"),
+		natsLeaks(natsURL(), os.Getenv("OUTBOX_REQUIRE_BROKERS") == "1"),
+		redisLeaks(redisURL(), os.Getenv("OUTBOX_REQUIRE_BROKERS") == "1"),
+		rabbitLeaks(rabbitURL(), os.Getenv("OUTBOX_REQUIRE_BROKERS") == "1"),
 	}
 }
 

@@ -48,10 +48,19 @@ var rabbitNames struct {
 // rabbitName returns a name of this run for a RabbitMQ exchange or queue, which checkLeaks looks up.
 func rabbitName(what string) string {
 	name := testName(what)
+	registerRabbit(name)
+	return name
+}
+
+// registerRabbit records names of exchanges or queues of this run, for checkLeaks to look up.
+func registerRabbit(names ...string) {
 	rabbitNames.Lock()
 	defer rabbitNames.Unlock()
-	rabbitNames.names = append(rabbitNames.names, name)
-	return name
+	for _, name := range names {
+		if !slices.Contains(rabbitNames.names, name) {
+			rabbitNames.names = append(rabbitNames.names, name)
+		}
+	}
 }
 
 // leakCheck is one server's look for leftovers of this run.
