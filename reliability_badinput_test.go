@@ -508,9 +508,13 @@ func TestSchemaQualifiedTableName(t *testing.T) {
 	}
 	require.Equal(t, "postgres", d.name)
 	db := openDB(t, d, nil)
-	schema := fmt.Sprintf("outboxplugin_schema_%d", time.Now().UnixNano())
+	schema := testName("schema")
 	require.NoError(t, db.Exec(`CREATE SCHEMA `+schema).Error)
-	t.Cleanup(func() { _ = db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`).Error })
+	t.Cleanup(func() {
+		if err := db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`).Error; err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
 	table := schema + ".events"
 	inSchema := func(name string) bool {
 		var n int64
