@@ -468,7 +468,11 @@ func TestReservedWordTableName(t *testing.T) {
 		db := openDB(t, d, nil)
 		resetTables(t, db, captureModels...)
 		require.NoError(t, db.Migrator().DropTable("order"))
-		t.Cleanup(func() { _ = db.Migrator().DropTable("order") })
+		t.Cleanup(func() {
+			if err := db.Migrator().DropTable("order"); err != nil {
+				t.Errorf("drop table: %v", err)
+			}
+		})
 		require.NoError(t, db.Use(outboxplugin.New(outboxplugin.WithTableName("order"))))
 		require.NoError(t, outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()))
 
@@ -960,7 +964,11 @@ func TestWorkerPreparesTableCreatedAfterItStarted(t *testing.T) {
 	const table = "OutboxLater"
 	plain := db.Session(&gorm.Session{NewDB: true})
 	require.NoError(t, plain.Migrator().DropTable(table))
-	t.Cleanup(func() { _ = plain.Migrator().DropTable(table) })
+	t.Cleanup(func() {
+		if err := plain.Migrator().DropTable(table); err != nil {
+			t.Errorf("drop table: %v", err)
+		}
+	})
 	w := newWorker(t, db, newRecorder(), outboxplugin.WithTable(table))
 	_, err := w.ProcessOnce(context.Background())
 	require.Error(t, err, "no table yet")
