@@ -2,9 +2,7 @@ package outboxplugin_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -26,17 +24,13 @@ import (
 // This package works in a database of its own on each server (testDatabase), so other packages can
 // run their tests at the same time.
 
-// testDatabase is the database of this run on each server. Its random suffix keeps two runs on one
-// server (two CI jobs, a developer beside CI) out of each other's tables, and lets TestMain drop it
-// without pulling it from under another run.
-var testDatabase = "outboxplugin_core_" + runToken()
+// testDatabase is the database of this run on each server. Its name, of this run (testPrefix), keeps
+// two runs on one server (two CI jobs, a developer beside CI) out of each other's tables, and lets
+// TestMain drop it without pulling it from under another run.
+var testDatabase = testName("db")
 
-// runToken returns a random token, lower-case hexadecimal so that it can end an unquoted database name.
-func runToken() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// runToken returns a random token, lower-case hexadecimal so that it can end an unquoted name.
+func runToken() string { return leakToken(6) }
 
 func postgresServerDSN() string {
 	if dsn := os.Getenv("OUTBOX_POSTGRES_DSN"); dsn != "" {

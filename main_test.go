@@ -8,7 +8,8 @@ import (
 
 // TestMain runs the tests, then drops the databases the run created on the servers (testDatabase),
 // so that a run leaves nothing behind on them. It drops them only after every test of the package has
-// ended, and only those of this run.
+// ended, and only those of this run; then it fails the run if anything of the run is left on the
+// servers (checkLeaks).
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if err := dropTestDatabases(); err != nil {
@@ -16,6 +17,9 @@ func TestMain(m *testing.M) {
 		if code == 0 {
 			code = 1
 		}
+	}
+	if !checkLeaks(os.Stderr, leakChecks()) && code == 0 {
+		code = 1
 	}
 	os.Exit(code)
 }

@@ -150,7 +150,11 @@ func TestAutoMigrateRunsNoDDLOnAnUpToDateTable(t *testing.T) {
 		db, log := openRecording(t, d)
 		plain := db.Session(&gorm.Session{NewDB: true})
 		require.NoError(t, plain.Migrator().DropTable(outboxplugin.DefaultTableName, "events_named"))
-		t.Cleanup(func() { _ = plain.Migrator().DropTable(outboxplugin.DefaultTableName, "events_named") })
+		t.Cleanup(func() {
+			if err := plain.Migrator().DropTable(outboxplugin.DefaultTableName, "events_named"); err != nil {
+				t.Errorf("drop table: %v", err)
+			}
+		})
 
 		twice := func(t *testing.T, migrate func() error) {
 			t.Helper()

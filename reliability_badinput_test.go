@@ -468,7 +468,11 @@ func TestReservedWordTableName(t *testing.T) {
 		db := openDB(t, d, nil)
 		resetTables(t, db, captureModels...)
 		require.NoError(t, db.Migrator().DropTable("order"))
-		t.Cleanup(func() { _ = db.Migrator().DropTable("order") })
+		t.Cleanup(func() {
+			if err := db.Migrator().DropTable("order"); err != nil {
+				t.Errorf("drop table: %v", err)
+			}
+		})
 		require.NoError(t, db.Use(outboxplugin.New(outboxplugin.WithTableName("order"))))
 		require.NoError(t, outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex()))
 
@@ -508,9 +512,13 @@ func TestSchemaQualifiedTableName(t *testing.T) {
 	}
 	require.Equal(t, "postgres", d.name)
 	db := openDB(t, d, nil)
-	schema := fmt.Sprintf("outboxplugin_schema_%d", time.Now().UnixNano())
+	schema := testName("schema")
 	require.NoError(t, db.Exec(`CREATE SCHEMA `+schema).Error)
-	t.Cleanup(func() { _ = db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`).Error })
+	t.Cleanup(func() {
+		if err := db.Exec(`DROP SCHEMA ` + schema + ` CASCADE`).Error; err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
 	table := schema + ".events"
 	inSchema := func(name string) bool {
 		var n int64
@@ -956,7 +964,11 @@ func TestWorkerPreparesTableCreatedAfterItStarted(t *testing.T) {
 	const table = "OutboxLater"
 	plain := db.Session(&gorm.Session{NewDB: true})
 	require.NoError(t, plain.Migrator().DropTable(table))
-	t.Cleanup(func() { _ = plain.Migrator().DropTable(table) })
+	t.Cleanup(func() {
+		if err := plain.Migrator().DropTable(table); err != nil {
+			t.Errorf("drop table: %v", err)
+		}
+	})
 	w := newWorker(t, db, newRecorder(), outboxplugin.WithTable(table))
 	_, err := w.ProcessOnce(context.Background())
 	require.Error(t, err, "no table yet")

@@ -132,7 +132,7 @@ func serverDB(t testing.TB, s server) string {
 		t.Skipf("%s unreachable: %v", s.name, err)
 	}
 	defer admin.Close()
-	name := "outboxplugin_inbox_" + randomHex()
+	name := testName("db")
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,7 @@ package outboxotel_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -23,14 +21,6 @@ import (
 	"github.com/gorm-outbox/outboxplugin"
 	"github.com/gorm-outbox/outboxplugin/outboxtest"
 )
-
-// token returns a random lower-case hexadecimal token that makes a test's database, stream and
-// subjects its own.
-func token() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
 
 // database is one database the tests run against.
 type database struct {
@@ -68,7 +58,7 @@ func openPostgres(t *testing.T) gorm.Dialector {
 		}
 		t.Skipf("PostgreSQL unreachable: %v", err)
 	}
-	name := "outboxotel_" + token()
+	name := testName("db")
 	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+name)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -135,8 +125,8 @@ func jetStream(t *testing.T) (jetstream.JetStream, jetstream.Stream, func(outbox
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	prefix := "outboxotel_" + token()
-	name := "OUTBOXOTEL_" + token()
+	prefix := testName("subject")
+	name := testName("stream")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + ".>"}})

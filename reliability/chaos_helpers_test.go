@@ -30,7 +30,7 @@ import (
 // chaosDatabase is the database the kill tests use on PostgreSQL and MariaDB, of their own. Its
 // random suffix makes it this run's alone, so that two runs on one server never share it and TestMain
 // can drop it when the tests end.
-var chaosDatabase = "outboxplugin_rel_kill_" + chaosToken()
+var chaosDatabase = testName("kill")
 
 // chaosToken returns a random token, lower-case hexadecimal so that it can end an unquoted database
 // name.
@@ -235,7 +235,7 @@ func chaosDuration(t *testing.T, def time.Duration, runs int) time.Duration {
 
 // chaosName returns a name unique to this run, for Redis streams.
 func chaosName(parts ...string) string {
-	return "outboxrel:" + strings.Join(parts, ":") + ":" + chaosToken()
+	return testPrefix + strings.Join(parts, ":") + ":" + chaosToken()
 }
 
 // chaosRedis returns a client of the Redis server, after making the test depend on it (skipped when

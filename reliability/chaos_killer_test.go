@@ -43,7 +43,11 @@ func killerScenario(t *testing.T, dialect string) {
 	if err := outboxplugin.AutoMigrate(db); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = db.Migrator().DropTable(killerOutbox) })
+	t.Cleanup(func() {
+		if err := db.Migrator().DropTable(killerOutbox); err != nil {
+			t.Errorf("drop table: %v", err)
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for i := 0; i < killerEvents; i++ {

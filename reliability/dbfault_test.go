@@ -46,6 +46,7 @@ import (
 
 	"github.com/gorm-outbox/outboxplugin"
 	"github.com/gorm-outbox/outboxplugin/outboxtest"
+	"github.com/gorm-outbox/outboxplugin/reliability"
 	"gorm.io/gorm"
 )
 
@@ -135,14 +136,21 @@ func TestRelayConnectionsKilledPostgres(t *testing.T) {
 }
 
 // faultMySQLRelayUser is the MariaDB user the relays connect as, so that their threads can be told
-// apart in the process list.
-const faultMySQLRelayUser = "outbox_fault_relay"
+// apart in the process list: of this run, so that two runs on one server do not drop each other's
+// (and within the 32 characters MySQL allows).
+var faultMySQLRelayUser = reliability.RunPrefix() + "relay"
 
 // TestRelayConnectionsKilledMariaDB kills the relays' threads with KILL CONNECTION.
 func TestRelayConnectionsKilledMariaDB(t *testing.T) {
 	writer := faultOpenMySQL(t, "", "")
 	faultResetTables(t, writer)
 	const password = "outbox-fault"
+	// Registered before the user is created, so that a failed grant leaves no user behind.
+	t.Cleanup(func() {
+		if err := writer.Exec(fmt.Sprintf("DROP USER IF EXISTS '%s'@'%%'", faultMySQLRelayUser)).Error; err != nil {
+			t.Errorf("drop user %s: %v", faultMySQLRelayUser, err)
+		}
+	})
 	for _, stmt := range []string{
 		fmt.Sprintf("CREATE USER IF NOT EXISTS '%s'@'%%' IDENTIFIED BY '%s'", faultMySQLRelayUser, password),
 		fmt.Sprintf("GRANT ALL PRIVILEGES ON %s.* TO '%s'@'%%'", faultDatabase, faultMySQLRelayUser),
@@ -151,11 +159,6 @@ func TestRelayConnectionsKilledMariaDB(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	t.Cleanup(func() {
-		if err := writer.Exec(fmt.Sprintf("DROP USER IF EXISTS '%s'@'%%'", faultMySQLRelayUser)).Error; err != nil {
-			t.Errorf("drop user %s: %v", faultMySQLRelayUser, err)
-		}
-	})
 	relays := []*gorm.DB{faultOpenMySQL(t, faultMySQLRelayUser, password), faultOpenMySQL(t, faultMySQLRelayUser, password)}
 	admin := faultOpenMySQL(t, "", "")
 	killer := &faultKiller{name: "mariadb", kill: func(ctx context.Context, wait time.Duration) (int, bool, error) {

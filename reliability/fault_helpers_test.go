@@ -38,7 +38,7 @@ import (
 // faultDatabase is the database these scenarios use on PostgreSQL and on MariaDB; no other package
 // touches it. Its random suffix makes it this run's alone, so that two runs on one server never share
 // it and TestMain can drop it when the tests end.
-var faultDatabase = "outboxplugin_rel_fault_" + faultToken()
+var faultDatabase = reliability.RunName("fault")
 
 // Tables of the scenarios. The tests of this package run one after the other, and each scenario drops
 // and recreates both tables before it starts.

@@ -25,6 +25,11 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 	}
+	// Then nothing of the run may be left on the servers (checkLeaks); a child process created
+	// nothing of its own to look for.
+	if os.Getenv(chaosEnvRole) == "" && !checkLeaks(os.Stderr, leakChecks()) && code == 0 {
+		code = 1
+	}
 	os.Exit(code)
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/gorm-outbox/outboxplugin/outboxtest"
 	outboxnats "github.com/gorm-outbox/outboxplugin/publishers/nats"
 	outboxrabbitmq "github.com/gorm-outbox/outboxplugin/publishers/rabbitmq"
+	"github.com/gorm-outbox/outboxplugin/reliability"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -273,8 +274,7 @@ func faultNATSBroker(t *testing.T) *faultOutageBroker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok := faultToken()
-	stream, prefix := "FAULT_OUTAGE_"+tok, "fault_outage_"+tok
+	stream, prefix := reliability.RunName("outage_stream"), reliability.RunName("outage_subject")
 	setup, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := adminJS.CreateStream(setup, jetstream.StreamConfig{
@@ -372,42 +372,10 @@ func faultRabbitBroker(t *testing.T) *faultOutageBroker {
 	if err != nil {
 		t.Fatalf("RabbitMQ at %s: %v", addr, err)
 	}
-	ch, err := conn.Channel()
-	if err != nil {
-		conn.Close()
-		t.Fatal(err)
-	}
-	name := "fault-outage." + faultToken()
-	if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		conn.Close()
-		t.Fatalf("declare exchange %s: %v", name, err)
-	}
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-		conn.Close()
-		t.Fatalf("declare queue %s: %v", name, err)
-	}
-	if err := ch.QueueBind(name, "#", name, false, nil); err != nil {
-		conn.Close()
-		t.Fatalf("bind queue %s: %v", name, err)
-	}
-	deliveries, err := ch.Consume(name, "", true, false, false, false, nil)
-	if err != nil {
-		conn.Close()
-		t.Fatal(err)
-	}
-	var (
-		mu       sync.Mutex
-		seen     = map[string]int{}
-		consumed = make(chan struct{})
-	)
-	go func() {
-		defer close(consumed)
-		for d := range deliveries {
-			mu.Lock()
-			seen[d.MessageId]++
-			mu.Unlock()
-		}
-	}()
+	name := reliability.RabbitName("outage")
+	consumed := make(chan struct{})
+	// Registered before anything is declared, so that a failed setup leaves nothing (deleting what
+	// does not exist succeeds); the connection is closed after the deletions.
 	t.Cleanup(func() {
 		admin, err := conn.Channel()
 		if err == nil {
@@ -421,6 +389,40 @@ func faultRabbitBroker(t *testing.T) *faultOutageBroker {
 		conn.Close()
 		<-consumed
 	})
+	ch, err := conn.Channel()
+	if err != nil {
+		close(consumed)
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		close(consumed)
+		t.Fatalf("declare exchange %s: %v", name, err)
+	}
+	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+		close(consumed)
+		t.Fatalf("declare queue %s: %v", name, err)
+	}
+	if err := ch.QueueBind(name, "#", name, false, nil); err != nil {
+		close(consumed)
+		t.Fatalf("bind queue %s: %v", name, err)
+	}
+	deliveries, err := ch.Consume(name, "", true, false, false, false, nil)
+	if err != nil {
+		close(consumed)
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		seen = map[string]int{}
+	)
+	go func() {
+		defer close(consumed)
+		for d := range deliveries {
+			mu.Lock()
+			seen[d.MessageId]++
+			mu.Unlock()
+		}
+	}()
 
 	proxy, err := outboxtest.NewProxy(addr)
 	if err != nil {

@@ -83,17 +83,16 @@ func newPostgres(t testing.TB) *testDB {
 		t.Skipf("PostgreSQL unreachable: %v", err)
 	}
 	defer admin.Close()
-	name := "outboxplugin_ui_" + randomHex()
+	name := testName("db")
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatal(err)
 	}
-	db, err := gorm.Open(postgres.Open(postgresServerDSN()+" dbname="+name), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var db *gorm.DB
 	t.Cleanup(func() {
-		if s, err := db.DB(); err == nil {
-			s.Close()
+		if db != nil {
+			if s, err := db.DB(); err == nil {
+				s.Close()
+			}
 		}
 		admin, err := sql.Open("pgx", postgresServerDSN())
 		if err != nil {
@@ -105,6 +104,10 @@ func newPostgres(t testing.TB) *testDB {
 			t.Errorf("drop database %s: %v", name, err)
 		}
 	})
+	db, err = gorm.Open(postgres.Open(postgresServerDSN()+" dbname="+name), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return prepare(t, "postgres", db)
 }
 

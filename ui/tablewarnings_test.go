@@ -41,22 +41,16 @@ func newMySQL(t testing.TB) *testDB {
 		t.Skipf("MySQL unreachable: %v", err)
 	}
 	defer admin.Close()
-	name := "outboxplugin_ui_" + randomHex()
+	name := testName("db")
 	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := mysqldriver.ParseDSN(mysqlServerDSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DBName, cfg.ParseTime = name, true
-	db, err := gorm.Open(mysql.Open(cfg.FormatDSN()), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var db *gorm.DB
 	t.Cleanup(func() {
-		if s, err := db.DB(); err == nil {
-			s.Close()
+		if db != nil {
+			if s, err := db.DB(); err == nil {
+				s.Close()
+			}
 		}
 		admin, err := sql.Open("mysql", mysqlServerDSN())
 		if err != nil {
@@ -68,6 +62,15 @@ func newMySQL(t testing.TB) *testDB {
 			t.Errorf("drop database %s: %v", name, err)
 		}
 	})
+	cfg, err := mysqldriver.ParseDSN(mysqlServerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName, cfg.ParseTime = name, true
+	db, err = gorm.Open(mysql.Open(cfg.FormatDSN()), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return prepare(t, "mysql", db)
 }
 

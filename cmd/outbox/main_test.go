@@ -49,6 +49,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if !checkLeaks(os.Stderr, leakChecks()) && code == 0 {
+		code = 1
+	}
 	os.Exit(code)
 }
 
@@ -212,7 +215,7 @@ type testDB struct {
 func newServerDB(t *testing.T, s *server) *testDB {
 	t.Helper()
 	s.reachable(t)
-	name := "outboxplugin_cli_" + randomHex()
+	name := testName("db")
 	admin, err := sql.Open(s.driver, s.dsn())
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +226,9 @@ func newServerDB(t *testing.T, s *server) *testDB {
 	}
 	d := &testDB{name: s.name, dsn: s.dbDSN(name)}
 	t.Cleanup(func() {
-		closeDB(d.db)
+		if d.db != nil {
+			closeDB(d.db)
+		}
 		admin, err := sql.Open(s.driver, s.dsn())
 		if err != nil {
 			t.Error(err)

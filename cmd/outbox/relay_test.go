@@ -264,7 +264,8 @@ func TestRelayNATSPostgres(t *testing.T) {
 	if err != nil {
 		brokerUnreachable(t, "NATS", err)
 	}
-	defer nc.Close()
+	// Closed after the stream's deletion below: cleanups run last first.
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -274,8 +275,7 @@ func TestRelayNATSPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	hex := randomHex()
-	prefix, streamName := "outboxcli"+hex, "OUTBOX_CLI_"+hex
+	prefix, streamName := testName("subject"), testName("stream")
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Second)
 	defer cancel()
 	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{prefix + ".>"},
@@ -283,7 +283,13 @@ func TestRelayNATSPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), streamName) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, streamName); err != nil {
+			t.Errorf("delete stream %s: %v", streamName, err)
+		}
+	})
 
 	if err := emitEvents(t, d.db, 0, n); err != nil {
 		t.Fatal(err)
@@ -418,14 +424,21 @@ func TestRelayRedisSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(opts)
-	defer rdb.Close()
+	// Closed after the key's deletion below: cleanups run last first.
+	t.Cleanup(func() { rdb.Close() })
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		brokerUnreachable(t, "Redis", err)
 	}
-	key := "outboxcli:" + randomHex()
-	t.Cleanup(func() { _ = rdb.Del(context.Background(), key).Err() })
+	key := testName("stream")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := rdb.Del(ctx, key).Err(); err != nil {
+			t.Errorf("delete stream %s: %v", key, err)
+		}
+	})
 
 	want, _ := smallRun(t, 200, "--broker", redisURL(), "--stream", key)
 	entries, err := rdb.XRange(ctx, key, "-", "+").Result()
@@ -446,18 +459,31 @@ func TestRelayRabbitMQSQLite(t *testing.T) {
 	if err != nil {
 		brokerUnreachable(t, "RabbitMQ", err)
 	}
-	defer conn.Close()
+	// Closed after the exchange's and the queue's deletion below: cleanups run last first.
+	t.Cleanup(func() { conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	exchange := "outboxcli_" + randomHex()
+	exchange, queue := rabbitName("exchange"), rabbitName("queue")
+	t.Cleanup(func() {
+		// On a channel of its own: the test's may have been closed by an error. Deleting what does
+		// not exist succeeds.
+		admin, err := conn.Channel()
+		if err == nil {
+			if _, err = admin.QueueDelete(queue, false, false, false); err == nil {
+				err = admin.ExchangeDelete(exchange, false, false)
+			}
+		}
+		if err != nil {
+			t.Errorf("delete queue and exchange %s, %s: %v", queue, exchange, err)
+		}
+	})
 	// Declared as the publisher declares it: durable, of kind topic.
 	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ch.ExchangeDelete(exchange, false, false) })
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	q, err := ch.QueueDeclare(queue, false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

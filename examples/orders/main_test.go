@@ -3,10 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -37,16 +36,16 @@ func TestOrderFlow(t *testing.T) {
 	dsn := testDatabase(ctx, t)
 	natsURL := testNATS(t)
 
-	tok := token()
 	spans := tracetest.NewInMemoryExporter()
 	cfg := config{
 		DB: dsn, NATS: natsURL, HTTP: "127.0.0.1:0",
-		Stream: "ORDERS_TEST_" + tok, SubjectPrefix: "orders_" + tok + ".", Consumer: "orders_test_" + tok,
+		Stream: testName("stream"), SubjectPrefix: testName("subject") + ".", Consumer: testName("consumer"),
 		Spans: keepSpans{spans}, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
+	// Registered before the service creates the stream, so that a failed start leaves none behind.
+	t.Cleanup(func() { deleteStream(t, natsURL, cfg.Stream) })
 	a, err := newApp(ctx, cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { deleteStream(t, natsURL, cfg.Stream) })
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- a.run(runCtx) }()
@@ -205,14 +204,6 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// token returns a random lower-case hexadecimal token that makes the test's database, stream,
-// subjects and consumer its own.
-func token() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 func postgresDSN() string {
 	if dsn := os.Getenv("OUTBOX_POSTGRES_DSN"); dsn != "" {
 		return dsn
@@ -236,7 +227,7 @@ func testDatabase(ctx context.Context, t *testing.T) string {
 		}
 		t.Skipf("PostgreSQL unreachable: %v", err)
 	}
-	name := "outboxplugin_orders_" + token()
+	name := testName("db")
 	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+name)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -265,16 +256,22 @@ func withDBName(dsn, name string) string {
 // OUTBOX_REQUIRE_BROKERS=1).
 func testNATS(t *testing.T) string {
 	t.Helper()
-	url := os.Getenv("OUTBOX_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
+	url := natsServerURL()
 	outboxtest.RequireBroker(t, "NATS", strings.TrimPrefix(url, "nats://"))
 	return url
 }
 
+// natsServerURL is the NATS server with JetStream: OUTBOX_NATS_URL, or the local one.
+func natsServerURL() string {
+	if url := os.Getenv("OUTBOX_NATS_URL"); url != "" {
+		return url
+	}
+	return "nats://127.0.0.1:4222"
+}
+
 // deleteStream deletes the test's stream (and with it its consumer) over a connection of its own:
-// the service's is closed by then.
+// the service's is closed by then. A stream that was never created (the service did not start) is
+// no failure.
 func deleteStream(t *testing.T, url, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -288,7 +285,7 @@ func deleteStream(t *testing.T, url, name string) {
 	if err == nil {
 		err = js.DeleteStream(ctx, name)
 	}
-	if err != nil {
+	if err != nil && !(t.Failed() && errors.Is(err, jetstream.ErrStreamNotFound)) {
 		t.Errorf("delete stream %s: %v", name, err)
 	}
 }

@@ -2,9 +2,7 @@ package tooltest_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,12 +53,6 @@ type database struct {
 	gorm *gorm.DB // over db
 }
 
-func token() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // unreachable skips t, or fails it under OUTBOX_REQUIRE_DBS=1.
 func unreachable(t *testing.T, what string, err error) {
 	t.Helper()
@@ -79,14 +71,14 @@ func freshDatabase(t *testing.T, s server) *database {
 	case "sqlite":
 		driver, dsn = "sqlite3", "file:"+filepath.Join(t.TempDir(), "outbox.db")+"?_busy_timeout=5000&_journal_mode=WAL"
 	case "postgres":
-		name := "tooltest_" + token()
+		name := testName("db")
 		adminExec(t, "pgx", postgresServerDSN(), "CREATE DATABASE "+name)
-		t.Cleanup(func() { adminExec(t, "pgx", postgresServerDSN(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+		t.Cleanup(func() { adminDrop(t, "pgx", postgresServerDSN(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
 		driver, dsn = "pgx", replaceDSNField(postgresServerDSN(), "dbname", name)
 	case "mysql":
-		name := "tooltest_" + token()
+		name := testName("db")
 		adminExec(t, "mysql", mysqlServerDSN(), "CREATE DATABASE "+name)
-		t.Cleanup(func() { adminExec(t, "mysql", mysqlServerDSN(), "DROP DATABASE IF EXISTS "+name) })
+		t.Cleanup(func() { adminDrop(t, "mysql", mysqlServerDSN(), "DROP DATABASE IF EXISTS "+name) })
 		cfg, err := gomysql.ParseDSN(mysqlServerDSN())
 		if err != nil {
 			t.Fatal(err)
@@ -140,6 +132,22 @@ func adminExec(t *testing.T, driver, dsn, stmt string) {
 		unreachable(t, driver, err)
 	}
 	if _, err := admin.ExecContext(ctx, stmt); err != nil {
+		t.Errorf("%s: %v", stmt, err)
+	}
+}
+
+// adminDrop runs a DROP on the server at dsn within a minute, failing t if it cannot: unlike
+// adminExec, an unreachable server is no reason to skip, since the database is there.
+func adminDrop(t *testing.T, driver, dsn, stmt string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := sql.Open(driver, dsn)
+	if err == nil {
+		_, err = admin.ExecContext(ctx, stmt)
+		admin.Close()
+	}
+	if err != nil {
 		t.Errorf("%s: %v", stmt, err)
 	}
 }

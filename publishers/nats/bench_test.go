@@ -43,7 +43,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		jetstream.WithPublishAsyncMaxPending(benchWindow),
 		jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { nativeErrs.Add(1) }),
 	})
-	prefix := "bench" + suffix()
+	prefix := testName("bench")
 	newStream(b, js, prefix+".>")
 	subject := prefixed(prefix)
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(subject))

@@ -51,7 +51,7 @@ func connect(tb testing.TB, url string, jsOpts []jetstream.JetStreamOpt, opts ..
 // connection of its own, so that a test may close or cut its connection).
 func newStream(tb testing.TB, js jetstream.JetStream, subjects ...string) jetstream.Stream {
 	tb.Helper()
-	name := "OUTBOXTEST_" + suffix()
+	name := testName("stream")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects})

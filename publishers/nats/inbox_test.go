@@ -28,7 +28,7 @@ func TestInboxHandlesRedeliveriesOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, js := connect(t, natsURL(), nil)
-	prefix := "inbox" + suffix()
+	prefix := testName("inbox")
 	stream := newStream(t, js, prefix+".>")
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)))
 	require.NoError(t, err)

@@ -46,7 +46,7 @@ func TestEndToEnd(t *testing.T) {
 	}))
 	require.NoError(t, db.AutoMigrate(&Widget{}))
 	_, js := connect(t, natsURL(), nil)
-	prefix := "e2e" + suffix()
+	prefix := testName("e2e")
 	stream := newStream(t, js, prefix+".>")
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)))
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestDuplicateDropped(t *testing.T) {
 	defer cancel()
 	db := openDB(t)
 	_, js := connect(t, natsURL(), nil)
-	prefix := "dup" + suffix()
+	prefix := testName("dup")
 	stream := newStream(t, js, prefix+".>")
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)))
 	require.NoError(t, err)
@@ -168,9 +168,9 @@ func TestPartlyFailedBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, js := connect(t, natsURL(), nil)
-	prefix := "part" + suffix()
+	prefix := testName("part")
 	stream := newStream(t, js, prefix+".>")
-	nowhere := "nowhere" + suffix()
+	nowhere := testName("nowhere")
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(func(m outboxplugin.Message) string {
 		switch m.EventType {
 		case "lost":
@@ -235,7 +235,7 @@ func TestExpectedStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, js := connect(t, natsURL(), nil)
-	prefix := "exp" + suffix()
+	prefix := testName("exp")
 	stream := newStream(t, js, prefix+".>")
 
 	right, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)), outboxnats.WithExpectedStream(stream.CachedInfo().Config.Name))
@@ -261,7 +261,7 @@ func TestExpectedStream(t *testing.T) {
 // messages is full.
 func TestContextDeadline(t *testing.T) {
 	nc, js := connect(t, natsURL(), nil)
-	prefix := "dl" + suffix()
+	prefix := testName("dl")
 	stream := newStream(t, js, prefix+".stored")
 	// A core subscriber answers nothing: the client gets no "no responders" either, and waits.
 	hang := prefix + ".hang"
@@ -311,7 +311,7 @@ func TestBatchLargerThanWindow(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, js := connect(t, natsURL(), []jetstream.JetStreamOpt{jetstream.WithPublishAsyncMaxPending(10)})
-	prefix := "win" + suffix()
+	prefix := testName("win")
 	stream := newStream(t, js, prefix+".>")
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)))
 	require.NoError(t, err)
@@ -347,7 +347,7 @@ func TestConnectionLost(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proxy.Close() })
 	_, adminJS := connect(t, natsURL(), nil)
-	prefix := "lost" + suffix()
+	prefix := testName("lost")
 	stream := newStream(t, adminJS, prefix+".>")
 	_, js := connect(t, "nats://"+proxy.Addr(), nil, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
 	pub, err := outboxnats.New(js, outboxnats.WithSubject(prefixed(prefix)))
@@ -422,7 +422,7 @@ func TestBrokerDown(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = proxy.Close() })
 	_, adminJS := connect(t, natsURL(), nil)
-	prefix := "down" + suffix()
+	prefix := testName("down")
 	stream := newStream(t, adminJS, prefix+".>")
 
 	_, js := connect(t, "nats://"+proxy.Addr(), nil,

@@ -119,13 +119,25 @@ func (b *broker) channel() *amqp.Channel {
 // exchange names a fresh topic exchange, deleted when the test ends. It is not declared: the
 // publisher's default topology does that.
 func (b *broker) exchange() string {
-	name := unique("outbox-test")
+	name := rabbitName("exchange")
 	b.tb.Cleanup(func() {
-		if err := b.ch.ExchangeDelete(name, false, false); err != nil {
-			b.tb.Errorf("delete exchange %s: %v", name, err)
-		}
+		b.delete(func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) }, "exchange "+name)
 	})
 	return name
+}
+
+// delete runs del on a channel of its own (the broker closes a channel on an error, and the test's
+// may be closed by now), failing the test if it fails. The connection is closed after: newBroker
+// registered its closing first, and cleanups run last first.
+func (b *broker) delete(del func(*amqp.Channel) error, what string) {
+	ch, err := b.conn.Channel()
+	if err == nil {
+		err = del(ch)
+		ch.Close()
+	}
+	if err != nil {
+		b.tb.Errorf("delete %s: %v", what, err)
+	}
 }
 
 // queue declares a fresh durable queue with args bound to exchange (declared as a durable topic
@@ -135,15 +147,17 @@ func (b *broker) queue(exchange string, args amqp.Table, patterns ...string) str
 	if err := b.ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		b.tb.Fatal(err)
 	}
-	q, err := b.ch.QueueDeclare(unique("outbox-test"), true, false, false, false, args)
+	name := rabbitName("queue")
+	b.tb.Cleanup(func() {
+		b.delete(func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(name, false, false, false)
+			return err
+		}, "queue "+name)
+	})
+	q, err := b.ch.QueueDeclare(name, true, false, false, false, args)
 	if err != nil {
 		b.tb.Fatal(err)
 	}
-	b.tb.Cleanup(func() {
-		if _, err := b.ch.QueueDelete(q.Name, false, false, false); err != nil {
-			b.tb.Errorf("delete queue %s: %v", q.Name, err)
-		}
-	})
 	for _, p := range patterns {
 		if err := b.ch.QueueBind(q.Name, p, exchange, false, nil); err != nil {
 			b.tb.Fatal(err)

@@ -232,7 +232,7 @@ func TestChannelClosedByBroker(t *testing.T) {
 	b := newBroker(t)
 	exchange := b.exchange()
 	queue := b.queue(exchange, nil, "#")
-	missing := unique("outbox-missing")
+	missing := rabbitName("missing")
 	pub := dial(t, brokerURL(), outboxrabbitmq.WithExchange(exchange),
 		outboxrabbitmq.WithRoute(func(m outboxplugin.Message) (string, string) {
 			if m.AggregateType == "Missing" {

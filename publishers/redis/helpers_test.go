@@ -3,8 +3,6 @@ package outboxredis_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"net"
 	"path/filepath"
@@ -54,9 +52,7 @@ func newClient(t testing.TB, addr string) *redis.Client {
 // streamPrefix returns a prefix of Redis keys unique to t and deletes every key under it when t ends.
 func streamPrefix(t testing.TB) string {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "outboxredis-test:" + hex.EncodeToString(b[:]) + ":"
+	prefix := testName("keys") + ":"
 	admin := redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() {
 		defer admin.Close()

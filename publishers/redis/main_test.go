@@ -9,7 +9,7 @@ import (
 )
 
 // TestMain fails the run when goroutines started by the tests (workers, pipelines Publish abandoned,
-// proxies, clients) outlive them.
+// proxies, clients) outlive them, or when the tests left keys on Redis (checkLeaks).
 func TestMain(m *testing.M) {
 	before := runtime.NumGoroutine()
 	code := m.Run()
@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "%d goroutines left running (%d before the tests):\n%s\n", n-before, before, buf[:runtime.Stack(buf, true)])
 			code = 1
 		}
+	}
+	if !checkLeaks(os.Stderr, leakChecks()) && code == 0 {
+		code = 1
 	}
 	os.Exit(code)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -24,10 +25,7 @@ import (
 // are skipped when it is unreachable, unless OUTBOX_REQUIRE_BROKERS=1 (as in CI) makes that a failure.
 func amqpURL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv("OUTBOX_AMQP_URL")
-	if u == "" {
-		u = "amqp://guest:guest@127.0.0.1:5672/"
-	}
+	u := amqpServerURL()
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)})
 	if err != nil {
 		if os.Getenv("OUTBOX_REQUIRE_BROKERS") == "1" {
@@ -37,6 +35,14 @@ func amqpURL(t testing.TB) string {
 	}
 	conn.Close()
 	return u
+}
+
+// amqpServerURL is the RabbitMQ the tests use: OUTBOX_AMQP_URL, by default the local one.
+func amqpServerURL() string {
+	if u := os.Getenv("OUTBOX_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
 }
 
 // amqpConfig is Watermill's durable pub/sub over AMQP — each topic a fanout exchange of that name,
@@ -55,16 +61,24 @@ func amqpConfig(uri, queueSuffix string) wamqp.Config {
 	return cfg
 }
 
-// amqpTopics is a WithTopic that appends the test's suffix to the default topic, so that each test
-// has exchanges of its own.
+// amqpTopics is a WithTopic that puts the default topic under a name of this run and the test's
+// suffix, so that each test has exchanges of its own; it records each topic for the leak check.
 func amqpTopics(suffix string) outboxwatermill.Option {
 	return outboxwatermill.WithTopic(func(m outboxplugin.Message) string {
-		return outboxwatermill.DefaultTopic(m) + "." + suffix
+		topic := testPrefix + suffix + "." + outboxwatermill.DefaultTopic(m)
+		registerRabbit(topic)
+		return topic
 	})
+}
+
+// amqpTopic is the topic amqpTopics gives the events of aggregate.
+func amqpTopic(suffix, aggregate string) string {
+	return testPrefix + suffix + "." + outboxwatermill.DefaultTopic(outboxplugin.Message{AggregateType: aggregate})
 }
 
 // deleteAtCleanup deletes the test's exchanges and queues from the broker when the test ends.
 func deleteAtCleanup(t testing.TB, uri string, exchanges, queues []string) {
+	registerRabbit(append(slices.Clone(exchanges), queues...)...)
 	t.Cleanup(func() {
 		conn, err := amqp.Dial(uri)
 		if !assert.NoError(t, err) {
@@ -117,7 +131,7 @@ func TestAMQPEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	suffix := randomSuffix()
-	topic := "outbox.Order." + suffix
+	topic := amqpTopic(suffix, "Order")
 	received := amqpSubscribe(t, ctx, uri, topic, suffix)
 	pub := newPublisher(t, newAMQPPublisher(t, uri, suffix), amqpTopics(suffix))
 
@@ -141,16 +155,16 @@ func TestAMQPOneTopicRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	suffix := randomSuffix()
-	received := amqpSubscribe(t, ctx, uri, "outbox.Order."+suffix, suffix)
-	refused := "outbox.Invoice." + suffix
+	received := amqpSubscribe(t, ctx, uri, amqpTopic(suffix, "Order"), suffix)
+	refused := amqpTopic(suffix, "Invoice")
 	conn, err := amqp.Dial(uri)
 	require.NoError(t, err)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	defer ch.Close()
-	require.NoError(t, ch.ExchangeDeclare(refused, "direct", false, true, false, false, nil))
 	deleteAtCleanup(t, uri, []string{refused}, nil)
+	require.NoError(t, ch.ExchangeDeclare(refused, "direct", false, true, false, false, nil))
 	pub := newPublisher(t, newAMQPPublisher(t, uri, suffix), amqpTopics(suffix))
 
 	o, i := testMessages("Order", 3), testMessages("Invoice", 2)
@@ -208,7 +222,7 @@ func TestAMQPBrokerDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	suffix := randomSuffix()
-	received := amqpSubscribe(t, ctx, uri, "outbox.Order."+suffix, suffix)
+	received := amqpSubscribe(t, ctx, uri, amqpTopic(suffix, "Order"), suffix)
 
 	parsed, err := url.Parse(uri)
 	require.NoError(t, err)

@@ -95,7 +95,7 @@ func goChannelBackend(b *testing.B) benchBackend {
 func amqpBackend(b *testing.B) benchBackend {
 	uri := amqpURL(b)
 	suffix := randomSuffix()
-	topic := "outbox.Bench." + suffix
+	topic := amqpTopic(suffix, "Bench")
 	queue := topic + "_" + suffix
 	deleteAtCleanup(b, uri, []string{topic}, []string{queue})
 	sub, err := wamqp.NewSubscriber(amqpConfig(uri, suffix), watermill.NopLogger{})

@@ -38,7 +38,7 @@ func TestInboxHandlesRedeliveriesOnce(t *testing.T) {
 		}},
 		{"amqp", func(t *testing.T, ctx context.Context) (*outboxwatermill.Publisher, <-chan *message.Message) {
 			uri, suffix := amqpURL(t), randomSuffix()
-			received := amqpSubscribe(t, ctx, uri, "outbox.Order."+suffix, suffix)
+			received := amqpSubscribe(t, ctx, uri, amqpTopic(suffix, "Order"), suffix)
 			return newPublisher(t, newAMQPPublisher(t, uri, suffix), amqpTopics(suffix)), received
 		}},
 	} {
@@ -86,7 +86,7 @@ func TestMessageIDOfAnAMQPMessage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	suffix := randomSuffix()
-	topic := "outbox.Order." + suffix
+	topic := amqpTopic(suffix, "Order")
 	received := amqpSubscribe(t, ctx, uri, topic, suffix)
 	conn, err := amqp.Dial(uri)
 	require.NoError(t, err)
