@@ -56,7 +56,7 @@ func TestRelayNATSWithoutStream(t *testing.T) {
 		nc.Close()
 		t.Fatalf("a stream already captures %s.>: %v", prefix, err)
 	}
-	stream := "OUTBOXCLI_CFG_" + strings.ToUpper(randomHex())
+	stream := testName("cfg")
 	t.Cleanup(func() {
 		// Before the connection it needs is closed; a stream never created is no error.
 		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -132,7 +132,7 @@ func TestRelayReadyzWhenTheTableIsDropped(t *testing.T) {
 		rdb.Close()
 		brokerUnreachable(t, "Redis", err)
 	}
-	key := "outboxcli:" + randomHex()
+	key := testName("cfgkey")
 	t.Cleanup(func() {
 		// Before the client it needs is closed.
 		if err := rdb.Del(context.Background(), key).Err(); err != nil {
