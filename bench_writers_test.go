@@ -55,7 +55,7 @@ func BenchmarkWritersBesideRelays(b *testing.B) {
 	serverCounter := func(name string) int64 {
 		var variable string
 		var value int64
-		if err := db.Raw("SHOW GLOBAL STATUS LIKE '" + name + "'").Row().Scan(&variable, &value); err != nil {
+		if err := db.Raw("SHOW GLOBAL STATUS LIKE '"+name+"'").Row().Scan(&variable, &value); err != nil {
 			b.Fatal(err)
 		}
 		return value
@@ -63,8 +63,8 @@ func BenchmarkWritersBesideRelays(b *testing.B) {
 
 	type phaseStats struct {
 		commits, deadlocks, lockWaits int64
-		latencies                    []time.Duration
-		serverDeadlocks, serverWaits int64
+		latencies                     []time.Duration
+		serverDeadlocks, serverWaits  int64
 	}
 	var stats [2]phaseStats // 0: no relay, 1: relays
 	var mu sync.Mutex
