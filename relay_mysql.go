@@ -3,7 +3,6 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,26 +19,29 @@ import (
 // next events: a claim there made the application's inserts wait, and made some of them deadlock
 // victims (InnoDB chose the application's transaction, which had written less). Candidates are read
 // from the transaction's snapshot instead (the due run, then a batch of the fresh run, and the next
-// ones of the same snapshot when relays claiming at once hold those), and locked by primary key, which takes
-// record locks only; the lock re-reads each row as it is now, and one that another relay took or
-// finished meanwhile no longer matches (or is skipped while that relay holds it).
+// ones of the same snapshot when relays claiming at once hold those), and locked by primary key,
+// which takes record locks only; the lock re-reads each row as it is now, and one that another relay
+// took or finished meanwhile no longer matches (or is skipped while that relay holds it).
 //
-// With per-key ordering the snapshot would not do: a key's rows committed after it, or leased by
-// a relay whose claim committed after it, would be missed, and two relays could hand out events of
-// one key at once. So the claim also reads every unprocessed row of its candidates' keys and locks
-// them all: any row of the key another relay is claiming at that moment is then locked (and skipped),
-// and any lease committed since is seen; a key is claimed — its first unprocessed row, if it is due —
-// only when every row of it the claim saw is locked by it and none is leased. Two claims of one key
-// lock at least one row both saw, so one of them gives the key up (see pickKeyHeads).
+// Per-key ordering needs nothing more. Its condition (no earlier unprocessed event of the key, none
+// of it leased) is read with the candidates, from the snapshot, so that the candidates are the heads
+// of their keys there, one per key: rows committed after the snapshot are not candidates at all. The
+// lock then hands out a head only if it is still unprocessed, not leased and due now. Another relay
+// can only hold a row of the key if that row was the head in its own snapshot, with every earlier row
+// processed — for ever, since processed is final: if it held a later row, this head would be
+// processed now; if an earlier one, that row would be processed in this snapshot and not leased now;
+// if this head, the lock skips it or sees its lease. (The earlier claim checked the key in a subquery
+// of its locking read, which reads the rows as they are now while the subquery read the snapshot:
+// two events of one key committed after the snapshot both passed it.)
 type mysqlRelay struct {
-	probe, lockDue, lockFresh, keyRows, lockRows, claimStamp string
+	probe, lockDue, lockFresh, claimStamp string
 	// claimStampFresh is claimStamp for a batch of which no row was taken over from an expired lease:
 	// it leaves attempt_history alone, where claimStamp assigns it (to itself, but for such rows) in
 	// every row it stamps.
 	claimStampFresh string
-	// probeArgs, lockDueArgs, lockFreshArgs and lockRowsArgs are how many clock values each statement
-	// binds (only with the worker's clock).
-	probeArgs, lockDueArgs, lockFreshArgs, lockRowsArgs int
+	// probeArgs, lockDueArgs and lockFreshArgs are how many clock values each statement binds (only
+	// with the worker's clock).
+	probeArgs, lockDueArgs, lockFreshArgs int
 	// probeMore reads the fresh run's next window (window rows) past an OFFSET, binding probeMoreArgs
 	// clock values and the offset.
 	probeMore             string
@@ -55,28 +57,17 @@ type mysqlRelay struct {
 	times timeLiterals
 }
 
-// keyedRowFlags are what the claim's locking read of per-key ordering's rows says of each row, as it
-// is now and on the database's clock.
-const keyedRowFlags = `, c.processed, (c.dead_at IS NOT NULL), (c.locked_until IS NOT NULL AND c.locked_until >= %[1]s), ` +
-	`(c.next_attempt_at IS NULL OR c.next_attempt_at <= %[1]s)`
-
 func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB sorts when
 	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
 		`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
 	// The probe reads a batch of the fresh run; a relay that finds those held by other relays reads
-	// on, from the same snapshot (probeMore). With per-key ordering it reads twice a batch at once,
-	// and its keys (without, the probe reads the claim index alone).
+	// on, from the same snapshot (probeMore).
 	d.window = q.batchSize
-	keys := `, '', ''`
-	if q.keyOrdering {
-		d.window = 2 * q.batchSize
-		keys = `, c.aggregate_type, c.aggregate_id`
-	}
 	window := ` LIMIT ` + strconv.Itoa(d.window)
-	freshRun := `(SELECT c.id, 1` + keys + ` FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id` + window
-	d.probe = `(SELECT c.id, 0` + keys + ` FROM ` + p.table + ` c WHERE ` + p.due +
+	freshRun := `(SELECT c.id, 1 FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id` + window
+	d.probe = `(SELECT c.id, 0 FROM ` + p.table + ` c WHERE ` + p.due +
 		` ORDER BY c.next_attempt_at, c.created_at, c.id` + p.limit + `) UNION ALL ` + freshRun + `)`
 	d.probeArgs = strings.Count(p.due+p.fresh, "?")
 	d.probeMore = freshRun + ` OFFSET ?)`
@@ -87,24 +78,14 @@ func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	// The fresh rows take what the due ones leave of the batch: its LIMIT is bound.
 	d.lockFresh = `SELECT ` + cols + ` FROM ` + p.table + ` c WHERE c.id IN (%s) AND ` + p.freshBase + ` ORDER BY c.id LIMIT ? ` + p.lock
 	d.lockFreshArgs = strings.Count(p.freshBase, "?")
-	// Per-key ordering: the unprocessed rows of the candidates' keys (the key index), then all of
-	// them locked, with how each is now.
-	d.keyRows = `SELECT c.id, c.aggregate_type, c.aggregate_id FROM ` + p.table + ` c WHERE c.processed = false AND ` +
-		`(c.aggregate_type, c.aggregate_id) IN (%s)`
-	flags := fmt.Sprintf(keyedRowFlags, q.clock.now)
-	d.lockRows = `SELECT ` + cols + flags + ` FROM ` + p.table + ` c WHERE c.id IN (%s) ORDER BY c.id ` + p.lock
-	d.lockRowsArgs = strings.Count(flags, "?")
 	d.claimStamp = p.stamp // + id IN (...)
 	d.claimStampFresh = p.stampFresh
 }
 
 // candidate is a row the claim's probe found in its snapshot.
 type candidate struct {
-	id      int64
-	due     bool
-	key     string // message key; "" for an event of no aggregate
-	aggType string
-	aggID   string
+	id  int64
+	due bool
 }
 
 func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
@@ -121,11 +102,7 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 		if err != nil || len(cands) == 0 {
 			return err
 		}
-		if q.keyOrdering {
-			claimed, err = d.claimKeys(ctx, tx, q, now, cands)
-		} else {
-			claimed, err = d.lockCandidates(ctx, tx, q, now, cands)
-		}
+		claimed, err = d.lockCandidates(ctx, tx, q, now, cands)
 		if err != nil || len(claimed) == 0 {
 			return err
 		}
@@ -161,11 +138,10 @@ func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *relaySQ
 	for rows.Next() {
 		var c candidate
 		var run int
-		if err := rows.Scan(&c.id, &run, &c.aggType, &c.aggID); err != nil {
+		if err := rows.Scan(&c.id, &run); err != nil {
 			return nil, err
 		}
 		c.due = run == 0
-		c.key = messageKey(c.aggType, c.aggID)
 		out = append(out, c)
 	}
 	return out, rows.Err()
@@ -183,8 +159,7 @@ func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *relaySQL, no
 	for rows.Next() {
 		var id int64
 		var run int
-		var aggType, aggID string
-		if err := rows.Scan(&id, &run, &aggType, &aggID); err != nil {
+		if err := rows.Scan(&id, &run); err != nil {
 			return nil, err
 		}
 		ids = append(ids, id)
@@ -251,129 +226,6 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL
 		claimed = append(claimed, more...)
 	}
 	return claimed, nil
-}
-
-// keyedRow is a row of per-key ordering's locking read: the claimed row as it would be handed out,
-// and how it is now.
-type keyedRow struct {
-	claimedRow
-	processed, dead, leased, due bool
-}
-
-// claimKeys is the claim with per-key ordering (see mysqlRelay): it reads the unprocessed rows of the
-// candidates' keys from the snapshot, locks them and the candidates by primary key, and hands out
-// what pickKeyHeads picks.
-func (d *mysqlRelay) claimKeys(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, cands []candidate) ([]claimedRow, error) {
-	seen := map[int64]string{} // every row the claim saw in its snapshot → its key ("" for none)
-	keys := map[string][2]string{}
-	for _, c := range cands {
-		seen[c.id] = c.key
-		if c.key != "" {
-			keys[c.key] = [2]string{c.aggType, c.aggID}
-		}
-	}
-	if len(keys) > 0 {
-		var tuples strings.Builder
-		var args []any
-		for _, k := range keys {
-			if tuples.Len() > 0 {
-				tuples.WriteByte(',')
-			}
-			tuples.WriteString("(?,?)")
-			args = append(args, k[0], k[1])
-		}
-		rows, err := tx.QueryContext(ctx, strings.Replace(d.keyRows, "%s", tuples.String(), 1), args...)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var id int64
-			var aggType, aggID string
-			if err := rows.Scan(&id, &aggType, &aggID); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			seen[id] = messageKey(aggType, aggID)
-		}
-		if err := rows.Close(); err != nil {
-			return nil, err
-		}
-	}
-	ids := make([]int64, 0, len(seen))
-	for id := range seen {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	in, idArgs := inList(ids)
-	query, args := d.literal(strings.Replace(d.lockRows, "c.id IN (%s)", "c."+in, 1), append(idArgs, q.clock.args(now, d.lockRowsArgs)...))
-	rows, err := tx.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	locked, err := q.scanKeyed(rows)
-	if err != nil {
-		return nil, err
-	}
-	return pickKeyHeads(cands, seen, locked, q.batchSize), nil
-}
-
-// pickKeyHeads decides per-key ordering's claim from what claimKeys read: the candidates in probe
-// order, every row of the snapshot with its key (seen), and the rows locked, as they are now. It hands
-// out, of each key every row of which the claim saw and locked and none of which is leased, its first
-// unprocessed row when that is due and not dead, and each candidate of no key that is still pending;
-// up to batch rows. A key with a row the claim saw but could not lock is being claimed or finished by
-// another relay at this moment: it is left to that relay. It is pure.
-func pickKeyHeads(cands []candidate, seen map[int64]string, locked []keyedRow, batch int) []claimedRow {
-	byID := make(map[int64]*keyedRow, len(locked))
-	byKey := map[string][]*keyedRow{}
-	for i := range locked {
-		r := &locked[i]
-		byID[r.id] = r
-		if k := seen[r.id]; k != "" {
-			byKey[k] = append(byKey[k], r)
-		}
-	}
-	busy := map[string]bool{}
-	for id, k := range seen {
-		if k != "" && byID[id] == nil {
-			busy[k] = true
-		}
-	}
-	var out []claimedRow
-	taken := map[string]bool{}
-	for _, c := range cands {
-		if len(out) == batch {
-			break
-		}
-		if c.key == "" {
-			if r := byID[c.id]; r != nil && !r.processed && !r.dead && !r.leased && r.due {
-				out = append(out, r.claimedRow)
-			}
-			continue
-		}
-		if busy[c.key] || taken[c.key] {
-			continue
-		}
-		taken[c.key] = true
-		var head *keyedRow
-		leased := false
-		for _, r := range byKey[c.key] {
-			if r.processed {
-				continue
-			}
-			if r.leased {
-				leased = true
-			}
-			if head == nil || r.id < head.id {
-				head = r
-			}
-		}
-		if leased || head == nil || head.dead || !head.due {
-			continue
-		}
-		out = append(out, head.claimedRow)
-	}
-	return out
 }
 
 func (*mysqlRelay) bind(query string) string { return query }

@@ -595,29 +595,6 @@ func (r *claimedRow) decode(payload, headers []byte, created any, attempt int, l
 	r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
 }
 
-// scanKeyed reads the rows of per-key ordering's locking read on MySQL: the claim's columns, read
-// before the stamp (which adds the attempt), then how the row is now (keyedRowFlags).
-func (q *relaySQL) scanKeyed(rows *sql.Rows) (out []keyedRow, err error) {
-	defer func() { err = errors.Join(err, rows.Close()) }()
-	for rows.Next() {
-		var (
-			r                keyedRow
-			payload, headers []byte
-			created          any
-			attempts         int
-			lastError        sql.NullString
-		)
-		m := &r.msg
-		if err := rows.Scan(&r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError,
-			&r.processed, &r.dead, &r.leased, &r.due); err != nil {
-			return nil, fmt.Errorf("scan claimed row: %w", err)
-		}
-		r.decode(payload, headers, created, attempts+1, lastError)
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
 // sortClaimed puts a batch in creation order; RETURNING gives rows in no particular order.
 func sortClaimed(rows []claimedRow) {
 	for i := 1; i < len(rows); i++ {

@@ -338,7 +338,8 @@ func chaosRelay(ctx context.Context, db *gorm.DB, hold *atomic.Bool) error {
 	}
 	defer inner.Close()
 	pub := &chaosPublisher{inner: inner, hold: hold,
-		poisonID: os.Getenv(chaosEnvPoisonID), poisonGate: os.Getenv(chaosEnvPoisonGate), killerID: os.Getenv(chaosEnvKillerID)}
+		poisonID: os.Getenv(chaosEnvPoisonID), poisonGate: os.Getenv(chaosEnvPoisonGate), killerID: os.Getenv(chaosEnvKillerID),
+		keyOrdering: os.Getenv(chaosEnvKeyOrdering) == "1"}
 
 	opts := []outboxplugin.WorkerOption{
 		outboxplugin.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
@@ -399,6 +400,9 @@ type chaosPublisher struct {
 	poisonID   string
 	poisonGate string
 	killerID   string
+	// keyOrdering: the relay runs WithKeyOrdering, and a batch holding two events of one key is
+	// announced (KEYTWICE) for the parent to count.
+	keyOrdering bool
 }
 
 // Publish implements outboxplugin.Publisher.
@@ -409,6 +413,15 @@ func (p *chaosPublisher) Publish(ctx context.Context, msgs []outboxplugin.Messag
 			_ = self.Kill() // SIGKILL: no deferred function, no mark, no log line
 		}
 		select {} // the signal is on its way
+	}
+	if p.keyOrdering {
+		seen := make(map[string]bool, len(msgs))
+		for _, m := range msgs {
+			if m.Key != "" && seen[m.Key] {
+				chaosSay("KEYTWICE", m.Key)
+			}
+			seen[m.Key] = true
+		}
 	}
 	failed := map[string]error{}
 	send := msgs
