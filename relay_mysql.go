@@ -125,7 +125,7 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 	return claimed, marked, err
 }
 
-// probeCandidates reads the due run and twice a batch of the fresh run from the transaction's
+// probeCandidates reads the due run and a batch of the fresh run from the transaction's
 // snapshot, without locks.
 func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time) ([]candidate, error) {
 	query, args := d.literal(d.probe, q.clock.args(now, d.probeArgs))
