@@ -566,33 +566,27 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool,
 			out = out[:len(out)-1]
 			continue
 		}
-		r.decode(payload, headers, created, attempts+attemptOffset, lastError)
+		m.Payload = payload
+		if len(headers) > 0 && string(headers) != "null" {
+			if err := json.Unmarshal(headers, &m.Headers); err != nil {
+				m.Headers = nil
+				r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
+			}
+		}
+		if t, err := asTime(created); err != nil {
+			r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
+		} else {
+			m.CreatedAt = t
+		}
+		m.Key = messageKey(m.AggregateType, m.AggregateID)
+		m.Attempt = attempts + attemptOffset
+		r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	sortClaimed(out)
 	return out, nil
-}
-
-// decode completes a claimed row from the raw values of its columns.
-func (r *claimedRow) decode(payload, headers []byte, created any, attempt int, lastError sql.NullString) {
-	m := &r.msg
-	m.Payload = payload
-	if len(headers) > 0 && string(headers) != "null" {
-		if err := json.Unmarshal(headers, &m.Headers); err != nil {
-			m.Headers = nil
-			r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
-		}
-	}
-	if t, err := asTime(created); err != nil {
-		r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
-	} else {
-		m.CreatedAt = t
-	}
-	m.Key = messageKey(m.AggregateType, m.AggregateID)
-	m.Attempt = attempt
-	r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
 }
 
 // sortClaimed puts a batch in creation order; RETURNING gives rows in no particular order.
