@@ -196,12 +196,12 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL
 	// hold some of a full window's rows, or took them since the probe, the relay reads the next
 	// window of its snapshot, up to twice.
 	offset, windowFull := d.window, len(fresh) == d.window
-	for left, more := q.batchSize-len(claimed), 0; left > 0; left = q.batchSize - len(claimed) {
+	for left, windows := q.batchSize-len(claimed), 0; left > 0; left = q.batchSize - len(claimed) {
 		if len(fresh) == 0 {
-			if !windowFull || more == 2 {
+			if !windowFull || windows == 2 {
 				break
 			}
-			more++
+			windows++
 			var err error
 			if fresh, err = d.probeFresh(ctx, tx, q, now, offset); err != nil {
 				return nil, err
@@ -219,11 +219,11 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL
 		if err != nil {
 			return nil, err
 		}
-		more, err := q.scanClaimed(rows, 1, false, nil)
+		got, err := q.scanClaimed(rows, 1, false, nil)
 		if err != nil {
 			return nil, err
 		}
-		claimed = append(claimed, more...)
+		claimed = append(claimed, got...)
 	}
 	return claimed, nil
 }
