@@ -322,12 +322,17 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	return st, nil
 }
 
-// The three groups of rows, each read through its own index (see Admin).
+// The three groups of rows, each read through its own index (see Admin); the processed rows'
+// condition depends on the database (processedGroup).
 const (
-	liveGroup      = `c.processed = false AND c.dead_at IS NULL`
-	deadGroup      = `c.processed = false AND c.dead_at IS NOT NULL`
-	processedGroup = `c.processed = true`
+	liveGroup = `c.processed = false AND c.dead_at IS NULL`
+	deadGroup = `c.processed = false AND c.dead_at IS NOT NULL`
 )
+
+// processedGroup is the condition of the processed rows as their index reads them: the reference
+// index on PostgreSQL and SQLite, the claim index's run of processed rows on MySQL and MariaDB
+// (processedRows).
+func (a *Admin) processedGroup() string { return processedRows(a.dialect, "c.") }
 
 // The states of the live group (liveGroup) as conditions on a row c, each taking the time of the
 // reading as its bind variables (one per ?). Every one is written so that it is true or false, never
@@ -361,7 +366,7 @@ func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, 
 	if a.dialect == "sqlite" {
 		limit = "" // no estimate to fall back on: count them all
 	}
-	if err := a.q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM `+a.q.table+` c WHERE `+processedGroup+limit+`) x`).Scan(&n); err != nil {
+	if err := a.q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM `+a.q.table+` c WHERE `+a.processedGroup()+limit+`) x`).Scan(&n); err != nil {
 		return 0, false, err
 	}
 	if limit == "" || n <= ExactProcessedLimit {
@@ -560,6 +565,7 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		return nil, nil, err
 	}
 	at := a.q.d.clock(now())
+	processedGroup := a.processedGroup()
 	var groups []string
 	switch state {
 	case "":
@@ -615,7 +621,15 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 			// index condition again, and the window reads 11 buffers.
 			add(`c.processed IS TRUE`)
 		}
-		bound := func(op string, t time.Time) { add(`c.created_at `+op+` ?`, t) }
+		// MySQL and MariaDB store microseconds, and MariaDB bounds no index range by a time with
+		// nanoseconds (a Since of time.Now() read the whole run): the bound is rounded up to the
+		// microsecond, where created_at >= t and created_at < t select what they would with t exact.
+		bound := func(op string, t time.Time) {
+			if r := t.Truncate(time.Microsecond); a.dialect == dialectMySQL && !r.Equal(t) {
+				t = r.Add(time.Microsecond)
+			}
+			add(`c.created_at `+op+` ?`, t)
+		}
 		if f.MessageID != "" {
 			add(`c.message_id = ?`, f.MessageID)
 			if g == processedGroup {

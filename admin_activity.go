@@ -180,7 +180,7 @@ func (a *Admin) Activity(ctx context.Context, n int, interval time.Duration) (Ac
 	at := a.q.d.clock(now())
 	act := Activity{At: at, Interval: interval, Start: at.Truncate(interval).Add(-time.Duration(n-1) * interval),
 		Published: make([]int64, n), AtLeast: make([]bool, n)}
-	processed := processedGroup
+	processed := a.processedGroup()
 	if a.dialect == "postgres" {
 		processed += ` AND c.processed IS TRUE` // an index condition again (see selectEvents)
 	}

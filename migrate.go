@@ -156,6 +156,17 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 			}
 		}
 	}
+	if !referenceIndex.applies(d.dialect) {
+		// MySQL and MariaDB: the full reference index of earlier versions, which every insert and
+		// every mark paid for. The claim index serves its readers once the processed rows earlier
+		// versions marked have no next attempt time (processedRows).
+		name := referenceIndex.name(d.namer, d.table)
+		if exists, _, err := indexState(db, d.table, name); err != nil {
+			return plan, fmt.Errorf("look up index %s: %w", name, err)
+		} else if exists {
+			plan.statements = append(plan.statements, d.clearProcessedNextAttempt(), d.dropIndex(firstReferenceIndex, true))
+		}
+	}
 	missing, err := missingStorageOptions(db, d.table)
 	if err != nil {
 		return plan, err

@@ -222,6 +222,10 @@ func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
 		}
 		require.NoError(t, plain.Exec(`INSERT INTO `+table+` (message_id, event_type, payload, created_at) VALUES (?, ?, ?, ?)`,
 			"0190d5a8-0000-7000-8000-000000000001", "Old_create", `{"id": 1}`, time.Now().UTC()).Error)
+		// A retried event the first version published: it kept its retry time.
+		old := time.Now().UTC().Add(-time.Hour)
+		require.NoError(t, plain.Exec(`INSERT INTO `+table+` (message_id, event_type, payload, created_at, processed, processed_at, attempts, next_attempt_at) VALUES (?, ?, ?, ?, true, ?, 2, ?)`,
+			"0190d5a8-0000-7000-8000-000000000002", "Old_create", `{"id": 2}`, old, old.Add(time.Minute), old.Add(30*time.Second)).Error)
 
 		log.reset()
 		require.NoError(t, outboxplugin.AutoMigrate(db.Table(table)))
@@ -232,7 +236,9 @@ func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
 			case "postgres":
 				assert.Regexp(t, `^(CREATE INDEX CONCURRENTLY|DROP INDEX CONCURRENTLY|ALTER TABLE "`+table+`" (ADD COLUMN IF NOT EXISTS attempt_history jsonb$|SET \())`, stmt)
 			case "mysql":
-				assert.Regexp(t, `^ALTER TABLE .*, ALGORITHM=(INSTANT|INPLACE, LOCK=NONE)$`, stmt)
+				// The one statement that is not DDL: the processed rows' next attempt times cleared
+				// before the reference index goes.
+				assert.Regexp(t, `^(ALTER TABLE .*, ALGORITHM=(INSTANT|INPLACE, LOCK=NONE)|UPDATE `+"`"+table+"`"+` SET next_attempt_at = NULL WHERE processed = true AND dead_at IS NULL AND next_attempt_at IS NOT NULL)$`, stmt)
 			default:
 				assert.Regexp(t, `^(CREATE INDEX IF NOT EXISTS|DROP INDEX IF EXISTS|ALTER TABLE .* ADD COLUMN attempt_history)`, stmt)
 			}
@@ -240,6 +246,22 @@ func TestAutoMigrateUpgradesATableOfTheFirstVersionOnline(t *testing.T) {
 		log.reset()
 		require.NoError(t, outboxplugin.AutoMigrate(db.Table(table)))
 		assert.Empty(t, log.writes(), "the second migration of an up-to-date table runs no DDL")
+
+		// MySQL and MariaDB: the full reference index is gone, and the processed row is in the claim
+		// index's run of processed rows, where the Admin and cleanup read them.
+		reference := "idx_" + table + "_processed_created_at"
+		assert.Equal(t, d.server() != "mysql", plain.Migrator().HasIndex(table, reference), reference)
+		var cleared int64
+		require.NoError(t, plain.Raw(`SELECT COUNT(*) FROM `+table+` WHERE processed = true AND next_attempt_at IS NULL`).Scan(&cleared).Error)
+		if d.server() == "mysql" {
+			assert.Equal(t, int64(1), cleared, "the processed row's retry time is cleared")
+		}
+		admin, err := outboxplugin.NewAdmin(base, outboxplugin.WithAdminTable(table))
+		require.NoError(t, err)
+		listed, err := admin.ListEvents(context.Background(), outboxplugin.EventFilter{State: outboxplugin.StateProcessed})
+		require.NoError(t, err)
+		require.Len(t, listed.Events, 1)
+		assert.Equal(t, "0190d5a8-0000-7000-8000-000000000002", listed.Events[0].MessageID)
 
 		if d.name == "postgres" {
 			var types []string

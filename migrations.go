@@ -19,7 +19,7 @@ import (
 // they are what MigrationFiles renders is a test of this package.
 
 // latestSchemaVersion is the version of the schema AutoMigrate makes: the last of schemaSteps.
-const latestSchemaVersion = 6
+const latestSchemaVersion = 8
 
 // schemaStep is one version of the schema: the statements that make it from the version before, per
 // database, and the ones that undo them. A step that changes nothing on a database has no statements
@@ -45,7 +45,7 @@ var schemaSteps = []schemaStep{
 			"later versions replace with the claim index. (On PostgreSQL the first versions typed payload and",
 			"headers jsonb; a table made then keeps them: the plugin reads and writes both.)",
 		},
-		up: func(d ddl) []string { return d.createTable(1, []schemaIndex{referenceIndex, pendingIndex}, false) },
+		up: func(d ddl) []string { return d.createTable(1, []schemaIndex{firstReferenceIndex, pendingIndex}, false) },
 		down: func(d ddl) []string {
 			return []string{"DROP TABLE " + d.quotedTable()}
 		},
@@ -118,6 +118,44 @@ var schemaSteps = []schemaStep{
 		},
 		up:   func(d ddl) []string { return []string{d.addColumn(schemaColumns[len(schemaColumns)-1])} },
 		down: func(d ddl) []string { return []string{d.dropColumn(schemaColumns[len(schemaColumns)-1])} },
+	},
+	{
+		version: 7, name: "processed_next_attempt",
+		about: []string{
+			"MySQL and MariaDB: clears the next attempt time of processed rows (a retry or a delay that",
+			"earlier versions left on the rows they marked), as the mark does now, so that the processed",
+			"rows are one run of the claim index in creation order. Run it after the relays are upgraded:",
+			"a relay of an earlier version marks rows the Admin's lists of processed events then miss",
+			"(cleanup still deletes them). It has nothing to undo.",
+		},
+		up: func(d ddl) []string {
+			if referenceIndex.applies(d.dialect) {
+				return nil
+			}
+			return []string{d.clearProcessedNextAttempt()}
+		},
+		down: func(ddl) []string { return nil },
+	},
+	{
+		version: 8, name: "drop_mysql_reference_index",
+		about: []string{
+			"MySQL and MariaDB: drops the reference index (processed, created_at), which covered every row",
+			"there (no partial indexes): every insert and every mark of a published event paid for it. The",
+			"claim index serves cleanup and the Admin's reads of processed rows instead. PostgreSQL and",
+			"SQLite keep theirs, partial (processed rows only).",
+		},
+		up: func(d ddl) []string {
+			if referenceIndex.applies(d.dialect) {
+				return nil
+			}
+			return []string{d.dropIndex(firstReferenceIndex, true)}
+		},
+		down: func(d ddl) []string {
+			if referenceIndex.applies(d.dialect) {
+				return nil
+			}
+			return []string{d.createIndex(firstReferenceIndex, true, true)}
+		},
 	},
 }
 

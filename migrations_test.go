@@ -104,9 +104,9 @@ func TestMigrationFilesShape(t *testing.T) {
 				})
 				require.NoError(t, fstest.TestFS(fsys, names...))
 				if format == outboxplugin.GolangMigrate {
-					assert.Len(t, files, 12, "an up and a down file for each of 6 versions")
+					assert.Len(t, files, 16, "an up and a down file for each of 8 versions")
 				} else {
-					assert.Len(t, files, 6)
+					assert.Len(t, files, 8)
 				}
 				for name, body := range files {
 					switch format {

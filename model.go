@@ -28,21 +28,27 @@ const DefaultTableName = "outbox_events"
 // the time it was processed, the time it was given up on (dead), and a lease (owner and expiry) for
 // relays that claim rows before publishing.
 //
-// db.AutoMigrate(&OutboxEvent{}) creates the table with three indexes: the primary key; the
-// reference's (processed, created_at), which makes cleanup of old processed rows cheap; and the claim
-// index on (processed, dead_at, next_attempt_at, created_at, id), which makes finding the next batch
-// cost in proportion to the batch — not to the processed rows the table keeps, nor to the dead events
-// and the events waiting for a retry. Fresh events (next_attempt_at NULL) form one run of it in
-// creation order, retries another in due order, and a claim reads the head of each: dead rows and
-// retries not yet due are never stepped over. On PostgreSQL and SQLite both secondary indexes are
-// partial: the claim index holds the rows a claim may take (WHERE processed = false AND dead_at IS
-// NULL), the reference index processed rows only (WHERE processed = true), which is all cleanup reads.
-// A new event is then added to one secondary index, not two; it moves to the other when it is
-// processed, as it would anyway since processed changes. Queries must spell the predicate out
-// (processed = false, not processed = ?) for the planner to use a partial index. MySQL and MariaDB have
-// no partial indexes: there both indexes cover every row, and the claim index's leading columns do what
-// the predicate does elsewhere. AutoMigrate (the package's) also drops the pending index (created_at,
-// id) of earlier versions, and on PostgreSQL builds the claim index CONCURRENTLY on a live table.
+// The package's AutoMigrate creates the table with the primary key and these indexes. The claim index
+// on (processed, dead_at, next_attempt_at, created_at, id) makes finding the next batch cost in
+// proportion to the batch — not to the processed rows the table keeps, nor to the dead events and the
+// events waiting for a retry. Fresh events (next_attempt_at NULL) form one run of it in creation
+// order, retries another in due order, and a claim reads the head of each: dead rows and retries not
+// yet due are never stepped over. On PostgreSQL and SQLite it is partial (WHERE processed = false AND
+// dead_at IS NULL: the rows a claim may take), and the reference index (processed, created_at) WHERE
+// processed = true holds the processed rows, for cleanup and the Admin; a new event is added to one
+// of them and moves to the other when it is processed, as it would anyway since processed changes.
+// Queries must spell the predicate out (processed = false, not processed = ?) for the planner to use a
+// partial index. MySQL and MariaDB have no partial indexes: there the claim index covers every row, its
+// leading columns do what the predicate does elsewhere, and its run of processed rows (processed, no
+// dead time, no next attempt time: the mark clears it) serves cleanup and the Admin in creation order,
+// so that no second index costs every insert and every mark. The dead index (dead_at, id) WHERE dead_at
+// IS NOT NULL serves the Admin's dead events on PostgreSQL and SQLite. AutoMigrate also drops what
+// earlier versions made and nothing reads now (the pending index (created_at, id); on MySQL and
+// MariaDB the full reference index), and on PostgreSQL builds indexes CONCURRENTLY on a live table.
+//
+// db.AutoMigrate(&OutboxEvent{}) (GORM's own) creates the table and the claim index its tags declare,
+// without the reference and dead indexes or PostgreSQL's storage settings: the worker, Admin.CheckTable
+// and outbox status say what such a table lacks and what it costs (TableWarning).
 //
 // Rows may be written by hand inside a transaction, as in the reference design
 // (tx.Create(&OutboxEvent{EventType: "OrderPlaced", Payload: ...})); the capture callbacks never
@@ -56,8 +62,8 @@ type OutboxEvent struct {
 	AggregateID   string     `gorm:"size:255;not null;default:''"`
 	Payload       JSON       `gorm:"not null"`
 	Headers       JSON       ``
-	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:processed_created_at,priority:2,where:processed = true;index:,composite:claim,priority:4,where:processed = false AND dead_at IS NULL"`
-	Processed     bool       `gorm:"not null;default:false;index:,composite:processed_created_at,priority:1,where:processed = true;index:,composite:claim,priority:1,where:processed = false AND dead_at IS NULL"`
+	CreatedAt     time.Time  `gorm:"not null;precision:6;index:,composite:claim,priority:4,where:processed = false AND dead_at IS NULL"`
+	Processed     bool       `gorm:"not null;default:false;index:,composite:claim,priority:1,where:processed = false AND dead_at IS NULL"`
 	ProcessedAt   *time.Time `gorm:"precision:6"`
 	Attempts      int        `gorm:"not null;default:0"`
 	NextAttemptAt *time.Time `gorm:"precision:6;index:,composite:claim,priority:3,where:processed = false AND dead_at IS NULL"`

@@ -41,7 +41,7 @@ func (d *pgRelay) build(q *relaySQL, p claimParts) {
 			`claimed AS (` + claim + `) SELECT -1, claimed.* FROM claimed UNION ALL ` +
 			`SELECT count(*), 0, '', '', '', '', NULL, NULL, NULL, 0, NULL, '' FROM done`)
 	}
-	d.claimAfterDone = marked(`UPDATE ` + q.table + ` SET processed = true, processed_at = ` + q.clock.now + `, locked_by = NULL, locked_until = NULL`)
+	d.claimAfterDone = marked(`UPDATE ` + q.table + ` SET ` + markProcessed + q.clock.now + `, locked_by = NULL, locked_until = NULL`)
 	d.claimAfterDelete = marked(`DELETE FROM ` + q.table)
 }
 

@@ -88,7 +88,8 @@ type relayDialect interface {
 	// renew runs the lease-extending UPDATE query with args; moved is where each row now is, on
 	// databases that address leased rows by their place (PostgreSQL's ctid).
 	renew(ctx context.Context, db *sql.DB, query string, args []any) (moved map[int64]string, n int64, err error)
-	// cleanupQuery deletes up to ? processed rows created before ?.
+	// cleanupQuery deletes up to ? processed rows created before ? (or selects their ids, see
+	// cleanupByKey): every ? but the last is the cutoff, the last the limit.
 	cleanupQuery(table string) string
 	// tryLock takes the lock name on conn without waiting; release lets go of it.
 	tryLock(ctx context.Context, conn *sql.Conn, name string) (release func(), got bool, err error)
@@ -524,6 +525,18 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
+// queryExecer runs statements and queries: a *sql.DB or a *sql.Conn.
+type queryExecer interface {
+	execer
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// cleanupByKey is a dialect whose cleanupQuery selects the ids of a chunk, which cleanupDelete (the
+// head of a DELETE, followed by an id list) then deletes by primary key.
+type cleanupByKey interface {
+	cleanupDelete(table string) string
+}
+
 // scanClaimed reads a claim's rows into a slice sized for a batch, scanning each straight into its
 // element: per row, only what the driver must copy is allocated.
 //
@@ -669,11 +682,30 @@ func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []
 	return res.RowsAffected()
 }
 
+// markProcessed is the head of the assignments that mark a published row processed, up to its
+// processed_at's value. It clears next_attempt_at (the time of a delayed event, or of the retry that
+// got through): a processed row has no next attempt, and on MySQL and MariaDB that is what keeps
+// the processed rows one run of the claim index in creation order (processedRows).
+const markProcessed = `processed = true, next_attempt_at = NULL, processed_at = `
+
+// processedRows is the condition of the processed rows as their index reads them, on the rows of
+// alias ("c." or ""). On PostgreSQL and SQLite the partial reference index (processed, created_at)
+// holds them. MySQL and MariaDB have no partial indexes, and a full one would cost every insert and
+// every mark; there the claim index (processed, dead_at, next_attempt_at, created_at, id) holds them
+// in creation order after its fixed prefix: a processed row is never dead, and the mark clears its
+// next attempt time (markProcessed; AutoMigrate clears it on the rows earlier versions marked).
+func processedRows(dialect, alias string) string {
+	if dialect == dialectMySQL {
+		return alias + `processed = true AND ` + alias + `dead_at IS NULL AND ` + alias + `next_attempt_at IS NULL`
+	}
+	return alias + `processed = true`
+}
+
 // markDone records published rows: processed (the reference design), or deleted. It returns how many
 // of them were still leased to owner.
 func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b doneBatch, deleteRows bool) (int64, error) {
 	match, args := q.rowsMatch(b.ids, b.ctids)
-	query := `UPDATE ` + q.table + ` SET processed = true, processed_at = ` + q.clock.now + `, locked_by = NULL, locked_until = NULL WHERE `
+	query := `UPDATE ` + q.table + ` SET ` + markProcessed + q.clock.now + `, locked_by = NULL, locked_until = NULL WHERE `
 	if deleteRows {
 		query = `DELETE FROM ` + q.table + ` WHERE `
 	} else {
@@ -767,9 +799,44 @@ func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []i
 }
 
 // cleanupChunk deletes up to limit processed rows created before cutoff. The predicate spells
-// processed = true out for the partial (processed, created_at) index.
-func (q *relaySQL) cleanupChunk(ctx context.Context, ex execer, cutoff time.Time, limit int) (int64, error) {
-	res, err := ex.ExecContext(ctx, q.bind(q.d.cleanupQuery(q.table)), cutoff, limit)
+// processed = true out for the partial (processed, created_at) index. The dialect's query binds the
+// cutoff once or more, then the limit. The cutoff goes through the dialect's clock: MariaDB bounds
+// no index range by a time with nanoseconds, and read every processed row the table kept, in every
+// chunk, until the cutoff was truncated.
+func (q *relaySQL) cleanupChunk(ctx context.Context, ex queryExecer, cutoff time.Time, limit int) (int64, error) {
+	cutoff = q.d.clock(cutoff)
+	query := q.d.cleanupQuery(q.table)
+	args := make([]any, 0, 3)
+	for range strings.Count(query, "?") - 1 {
+		args = append(args, cutoff)
+	}
+	args = append(args, limit)
+	if byKey, ok := q.d.(cleanupByKey); ok {
+		rows, err := ex.QueryContext(ctx, q.bind(query), args...)
+		if err != nil {
+			return 0, err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			ids = append(ids, id)
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil || len(ids) == 0 {
+			return 0, err
+		}
+		in, idArgs := inList(ids)
+		del, delArgs := q.d.literal(byKey.cleanupDelete(q.table)+in, idArgs)
+		res, err := ex.ExecContext(ctx, del, delArgs...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	res, err := ex.ExecContext(ctx, q.bind(query), args...)
 	if err != nil {
 		return 0, err
 	}

@@ -75,8 +75,9 @@ type schemaIndex struct {
 	// where is the predicate of the partial index on PostgreSQL and SQLite; MySQL and MariaDB have
 	// no partial indexes, and index every row.
 	where string
-	// partialOnly: only PostgreSQL and SQLite get the index (without its predicate it would cost
-	// every insert on MySQL and MariaDB, for a query the claim index serves there).
+	// partialOnly: only PostgreSQL and SQLite get the index. Without its predicate it would cost
+	// every insert on MySQL and MariaDB (and, for the reference index, every mark of a published
+	// event), for queries the claim index's leading columns serve there.
 	partialOnly bool
 	// naming says how the name is made; the worker and the Admin look the indexes up by these names.
 	naming indexNaming
@@ -96,16 +97,21 @@ const (
 	namedPlainly
 )
 
-// The indexes. The reference index serves cleanup of processed rows; the claim index finds the next
-// batch (see OutboxEvent); the dead index serves the Admin's lists of dead events; the key index is
-// per-key ordering's (WithKeyOrderingIndex). The pending index is the one earlier versions had
-// instead of the claim index: AutoMigrate drops it.
+// The indexes. The reference index serves cleanup and the Admin's reads of processed rows on
+// PostgreSQL and SQLite; on MySQL and MariaDB the claim index does, since processed rows have neither
+// a dead nor a next attempt time there (processedRows); the claim index finds the next batch (see
+// OutboxEvent); the dead index serves the Admin's lists of dead events; the key index is per-key
+// ordering's (WithKeyOrderingIndex). The pending index is the one earlier versions had instead of the
+// claim index, and the reference index on MySQL and MariaDB one they made there: AutoMigrate drops
+// both.
 var (
-	referenceIndex = schemaIndex{suffix: "processed_created_at", columns: "processed, created_at", where: "processed = true"}
-	claimIndex     = schemaIndex{suffix: "claim", columns: "processed, dead_at, next_attempt_at, created_at, id", where: "processed = false AND dead_at IS NULL"}
-	deadIndex      = schemaIndex{suffix: "dead", columns: "dead_at, id", where: "dead_at IS NOT NULL", partialOnly: true, naming: namedWithSchema}
-	keyIndex       = schemaIndex{suffix: "key_pending", columns: "aggregate_type, aggregate_id, id", where: "processed = false", naming: namedPlainly}
-	pendingIndex   = schemaIndex{suffix: "pending", columns: "created_at, id", where: "processed = false"}
+	referenceIndex = schemaIndex{suffix: "processed_created_at", columns: "processed, created_at", where: "processed = true", partialOnly: true}
+	// firstReferenceIndex is the reference index as the first version made it, on every database.
+	firstReferenceIndex = schemaIndex{suffix: referenceIndex.suffix, columns: referenceIndex.columns, where: referenceIndex.where}
+	claimIndex          = schemaIndex{suffix: "claim", columns: "processed, dead_at, next_attempt_at, created_at, id", where: "processed = false AND dead_at IS NULL"}
+	deadIndex           = schemaIndex{suffix: "dead", columns: "dead_at, id", where: "dead_at IS NOT NULL", partialOnly: true, naming: namedWithSchema}
+	keyIndex            = schemaIndex{suffix: "key_pending", columns: "aggregate_type, aggregate_id, id", where: "processed = false", naming: namedPlainly}
+	pendingIndex        = schemaIndex{suffix: "pending", columns: "created_at, id", where: "processed = false"}
 )
 
 // applies reports whether the index exists on dialect.
@@ -258,6 +264,12 @@ func (d ddl) dropIndex(ix schemaIndex, online bool) string {
 	return "DROP INDEX IF EXISTS " + d.indexRef(ix)
 }
 
+// clearProcessedNextAttempt clears the next attempt time of the processed rows that have one (those
+// an earlier version marked after a retry or a delay), as the mark does now (markProcessed).
+func (d ddl) clearProcessedNextAttempt() string {
+	return "UPDATE " + d.quotedTable() + " SET next_attempt_at = NULL WHERE processed = true AND dead_at IS NULL AND next_attempt_at IS NOT NULL"
+}
+
 // addColumn adds c to the table. Every column added after the first version is nullable or has a
 // constant default: PostgreSQL records it in the catalog without touching the rows; MySQL 8 and
 // MariaDB add it instantly (ALGORITHM=INSTANT fails rather than copy the table); SQLite never
@@ -305,7 +317,11 @@ func (d ddl) resetStorage() string {
 // currentIndexes are the secondary indexes of the current schema on dialect, in the order AutoMigrate
 // creates them.
 func currentIndexes(dialect string, keyOrdering bool) []schemaIndex {
-	out := []schemaIndex{referenceIndex, claimIndex}
+	var out []schemaIndex
+	if referenceIndex.applies(dialect) {
+		out = append(out, referenceIndex)
+	}
+	out = append(out, claimIndex)
 	if deadIndex.applies(dialect) {
 		out = append(out, deadIndex)
 	}

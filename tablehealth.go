@@ -47,6 +47,11 @@ const (
 	// AutoMigrate gives it (fillfactor and autovacuum thresholds, see pgStorageOptions). GORM's own
 	// AutoMigrate sets none of them.
 	TableWarningStorageSettings TableWarningCode = "storage_settings"
+	// TableWarningReferenceIndex: on PostgreSQL and SQLite the reference index (processed,
+	// created_at) WHERE processed = true is missing (GORM's own AutoMigrate does not create it); on
+	// MySQL and MariaDB the table still has the full one earlier versions made, which every insert
+	// and every mark pays for and nothing needs.
+	TableWarningReferenceIndex TableWarningCode = "reference_index"
 	// TableWarningDeadIndex (PostgreSQL, SQLite): the dead index (dead_at, id) WHERE dead_at IS NOT
 	// NULL is missing, or invalid (PostgreSQL: a CREATE INDEX CONCURRENTLY that failed). GORM's own
 	// AutoMigrate does not create it; MySQL and MariaDB have no such index either way.
@@ -108,6 +113,32 @@ func checkTable(db *gorm.DB, table string) ([]TableWarning, error) {
 			Fix:  tableFix,
 		})
 	}
+	index := referenceIndex.name(db.NamingStrategy, table)
+	exists, valid, err := indexState(db, table, index)
+	if err != nil {
+		return nil, fmt.Errorf("look up index %s: %w", index, err)
+	}
+	switch name := db.Dialector.Name(); {
+	case name == dialectMySQL && exists:
+		warnings = append(warnings, TableWarning{
+			Code: TableWarningReferenceIndex,
+			What: "the outbox table " + table + " still has the reference index earlier versions made on MySQL and MariaDB (" +
+				index + ": " + referenceIndex.columns + ")",
+			Cost: referenceIndexCostMySQL,
+			Fix:  tableFix + ", which drops it",
+		})
+	case name != dialectMySQL && (!exists || !valid):
+		state := "has no reference index"
+		if exists {
+			state = "has an invalid reference index (a failed CREATE INDEX CONCURRENTLY left it)"
+		}
+		warnings = append(warnings, TableWarning{
+			Code: TableWarningReferenceIndex,
+			What: "the outbox table " + table + " " + state + " (" + index + ": " + referenceIndex.columns + " WHERE " + referenceIndex.where + ")",
+			Cost: referenceIndexCost,
+			Fix:  tableFix,
+		})
+	}
 	if name := db.Dialector.Name(); name == "postgres" || name == "sqlite" {
 		index := deadIndexName(db, table)
 		exists, valid, err := indexState(db, table, index)
@@ -127,8 +158,8 @@ func checkTable(db *gorm.DB, table string) ([]TableWarning, error) {
 			})
 		}
 	}
-	index := pendingIndex.name(db.NamingStrategy, table)
-	exists, _, err := indexState(db, table, index)
+	index = pendingIndex.name(db.NamingStrategy, table)
+	exists, _, err = indexState(db, table, index)
 	if err != nil {
 		return nil, fmt.Errorf("look up index %s: %w", index, err)
 	}
@@ -166,6 +197,15 @@ func storageSettingsCost(missing []string) string {
 	}
 	return strings.Join(costs, "; ")
 }
+
+// referenceIndexCost is the cost of the missing reference index on PostgreSQL and SQLite.
+const referenceIndexCost = "cleanup and the Admin's reads of processed events (Stats, their lists, Activity, outbox status, the console) " +
+	"read the table instead of an index, in time growing with the rows it keeps"
+
+// referenceIndexCostMySQL is the cost of the full reference index on MySQL and MariaDB
+// (BenchmarkRelayThroughput and BenchmarkWritePath's plugin_fullindex, docs/benchmarks.md).
+const referenceIndexCostMySQL = "every event written adds an entry to it and every event published moves that entry, " +
+	"for reads the claim index serves: a relay drains about a tenth slower"
 
 // pendingIndexCost is the cost of the pending index of earlier versions (BenchmarkWriteGormTable).
 const pendingIndexCost = "every event written adds an entry to an index nothing reads any more (the claim index replaced it): " +

@@ -52,8 +52,8 @@ func (h *recordingHandler) tableWarnings() (codes []outboxplugin.TableWarningCod
 // found by comparing its catalog with that of a table made by outboxplugin.AutoMigrate. On MySQL and
 // MariaDB the two are the same.
 var gormTableWarnings = map[string][]outboxplugin.TableWarningCode{
-	"postgres": {outboxplugin.TableWarningStorageSettings, outboxplugin.TableWarningDeadIndex},
-	"sqlite":   {outboxplugin.TableWarningDeadIndex},
+	"postgres": {outboxplugin.TableWarningStorageSettings, outboxplugin.TableWarningReferenceIndex, outboxplugin.TableWarningDeadIndex},
+	"sqlite":   {outboxplugin.TableWarningReferenceIndex, outboxplugin.TableWarningDeadIndex},
 	"mysql":    nil,
 }
 
@@ -116,9 +116,11 @@ func TestGormAutoMigrateTableWarnings(t *testing.T) {
 		case "postgres":
 			assert.Contains(t, st.TableWarnings[0].What, "fillfactor = 50")
 			assert.Contains(t, st.TableWarnings[0].Cost, "a relay drains it at")
-			assert.Contains(t, st.TableWarnings[1].What, "idx_outbox_events_dead")
+			assert.Contains(t, st.TableWarnings[1].What, "idx_outbox_events_processed_created_at")
+			assert.Contains(t, st.TableWarnings[2].What, "idx_outbox_events_dead")
 		case "sqlite":
-			assert.Contains(t, st.TableWarnings[0].What, "idx_outbox_events_dead")
+			assert.Contains(t, st.TableWarnings[0].What, "idx_outbox_events_processed_created_at")
+			assert.Contains(t, st.TableWarnings[1].What, "idx_outbox_events_dead")
 		}
 
 		require.NoError(t, outboxplugin.AutoMigrate(db))
@@ -200,7 +202,37 @@ func TestTableWarningInvalidDeadIndex(t *testing.T) {
 	warnings, err := admin.CheckTable(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, gormTableWarnings["postgres"], codesOf(warnings))
-	assert.Contains(t, warnings[1].What, "invalid")
+	assert.Contains(t, warnings[2].What, "invalid")
+}
+
+// On MySQL and MariaDB the full reference index (processed, created_at) of earlier versions (made by
+// their AutoMigrate, or by GORM's from their tags) is a warning: every insert and every mark pays for
+// it. outboxplugin.AutoMigrate drops it, and GORM's own AutoMigrate does not make it again.
+func TestTableWarningMySQLReferenceIndex(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		if d.server() != "mysql" {
+			t.Skip("PostgreSQL and SQLite keep a partial reference index (TestGormAutoMigrateTableWarnings)")
+		}
+		db := setup(t, d, nil)
+		ctx := context.Background()
+		require.NoError(t, db.Exec(`CREATE INDEX idx_outbox_events_processed_created_at ON outbox_events (processed, created_at)`).Error)
+		admin, err := outboxplugin.NewAdmin(db)
+		require.NoError(t, err)
+		warnings, err := admin.CheckTable(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []outboxplugin.TableWarningCode{outboxplugin.TableWarningReferenceIndex}, codesOf(warnings))
+		assert.Contains(t, warnings[0].What, "idx_outbox_events_processed_created_at")
+		assert.Contains(t, warnings[0].Fix, "drops it")
+
+		require.NoError(t, outboxplugin.AutoMigrate(db))
+		assert.False(t, db.Migrator().HasIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_processed_created_at"))
+		require.NoError(t, db.AutoMigrate(&outboxplugin.OutboxEvent{}))
+		assert.False(t, db.Migrator().HasIndex(&outboxplugin.OutboxEvent{}, "idx_outbox_events_processed_created_at"),
+			"GORM's own AutoMigrate does not make it again")
+		warnings, err = admin.CheckTable(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, warnings)
+	})
 }
 
 // A table in a schema of its own (db.Table("audit.events") for outboxplugin.AutoMigrate, WithAdminTable
