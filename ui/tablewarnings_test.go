@@ -95,8 +95,8 @@ var warningRE = regexp.MustCompile(`(?s)<li data-warning="([a-z_]+)">(.*?)</li>`
 // shows that one, on every database.
 func TestOverviewShowsTableWarnings(t *testing.T) {
 	want := map[string][]string{
-		"postgres": {"storage_settings", "dead_index"},
-		"sqlite":   {"dead_index"},
+		"postgres": {"storage_settings", "reference_index", "dead_index"},
+		"sqlite":   {"reference_index", "dead_index"},
 		"mysql":    nil,
 	}
 	for _, open := range []struct {

@@ -95,7 +95,7 @@ func TestMigrateDryRunWithoutADatabase(t *testing.T) {
 		}
 	}
 	r = ok(t, "migrate", "--dry-run", "--dialect", "postgres", "--format", "goose")
-	if n := strings.Count(r.stdout, "-- ==> "); n != 6 {
+	if n := strings.Count(r.stdout, "-- ==> "); n != 8 {
 		t.Errorf("--format goose printed %d files:\n%s", n, r.stdout)
 	}
 	if n := strings.Count(r.stdout, "-- +goose NO TRANSACTION"); n != 3 {
@@ -104,8 +104,8 @@ func TestMigrateDryRunWithoutADatabase(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "migrations")
 	r = ok(t, "migrate", "--dry-run", "--dialect", "mariadb", "--format", "golang-migrate", "--table", "events", "--output", dir)
 	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != 12 {
-		t.Fatalf("--output wrote %d files (%v), want 12:\n%s", len(entries), err, r.stdout)
+	if err != nil || len(entries) != 16 {
+		t.Fatalf("--output wrote %d files (%v), want 16:\n%s", len(entries), err, r.stdout)
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "000003_claim_index.up.sql"))
 	if err != nil || !strings.Contains(string(b), "ALTER TABLE `events` ADD INDEX `idx_events_claim`") {
@@ -165,8 +165,8 @@ func TestStatus(t *testing.T) {
 // database, until outbox migrate drops it.
 func TestStatusTableWarnings(t *testing.T) {
 	want := map[string][]string{
-		"postgres": {"storage_settings", "dead_index"},
-		"sqlite":   {"dead_index"},
+		"postgres": {"storage_settings", "reference_index", "dead_index"},
+		"sqlite":   {"reference_index", "dead_index"},
 		"mysql":    {},
 	}
 	forEachDB(t, func(t *testing.T, d *testDB) {
