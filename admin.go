@@ -3,7 +3,6 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
 
 // Admin looks at an outbox table and repairs it: counts per state, lists and single events, requeue
@@ -635,7 +636,7 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 			if g == processedGroup {
 				// Processed rows have no message id index: a UUIDv7 carries its creation time,
 				// which bounds the processed index's range.
-				if t, ok := uuidV7Time(f.MessageID); ok {
+				if t, ok := msgid.Time(f.MessageID); ok {
 					bound(">=", t.Add(-messageIDSlack))
 					bound("<", t.Add(messageIDSlack))
 				}
@@ -758,22 +759,6 @@ func cmpInt64(a, b int64) int {
 // taken from the writing process's clock as the event is built, a few microseconds apart; the id's
 // counter can carry it a few milliseconds ahead.
 const messageIDSlack = time.Minute
-
-// uuidV7Time returns the timestamp of a UUIDv7 in its text form.
-func uuidV7Time(id string) (time.Time, bool) {
-	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[14] != '7' {
-		return time.Time{}, false
-	}
-	var b [6]byte
-	if _, err := hex.Decode(b[:4], []byte(id[:8])); err != nil {
-		return time.Time{}, false
-	}
-	if _, err := hex.Decode(b[4:], []byte(id[9:13])); err != nil {
-		return time.Time{}, false
-	}
-	ms := int64(b[0])<<40 | int64(b[1])<<32 | int64(b[2])<<24 | int64(b[3])<<16 | int64(b[4])<<8 | int64(b[5])
-	return time.UnixMilli(ms).UTC(), true
-}
 
 // Event returns the event with the message id, with its attempts, last error and state, or an error
 // wrapping ErrEventNotFound. Events to be delivered and dead ones are found through their indexes;

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
 
 // unregistered writes the events Emit is asked for on a database without the plugin: default options.
@@ -92,7 +94,7 @@ func Emit(tx *gorm.DB, eventType string, payload any, opts ...EmitOption) error 
 	if ev.headers, err = encodeHeaders(headers); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
-	ev.messageID = newMessageID()
+	ev.messageID = msgid.New()
 	if err := p.insertEvents(tx, tx.Statement.ConnPool, []pendingEvent{ev}, fmt.Sprintf("Emit %q", eventType)); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
+
+	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
 
 // pendingEvent is one outbox row about to be inserted.
@@ -154,7 +156,7 @@ func (b *eventBuilder) build(rows []capturedRow) ([]pendingEvent, error) {
 		if ev.eventType == "" {
 			return nil, ErrEmptyEventType
 		}
-		ev.messageID = newMessageID()
+		ev.messageID = msgid.New()
 		events = append(events, ev)
 	}
 	return events, nil

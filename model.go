@@ -11,6 +11,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
+
+	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
 
 // DefaultTableName is the table OutboxEvent maps to, and the table the plugin writes to unless
@@ -102,7 +104,7 @@ func (e *OutboxEvent) BeforeCreate(*gorm.DB) error {
 		}
 	}
 	if e.MessageID == "" {
-		e.MessageID = newMessageID()
+		e.MessageID = msgid.New()
 	}
 	if e.CreatedAt.IsZero() {
 		e.CreatedAt = now()

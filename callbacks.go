@@ -11,7 +11,7 @@ import (
 
 // The capture path, stage by stage:
 //
-//	chain.go     where the capture rides on GORM's callback chains, and the state of one statement
+//	callbacks.go where the capture rides on GORM's callback chains, and the state of one statement
 //	write.go     the write as the database runs it: what is read before it, what is added to it
 //	             (RETURNING), and GORM's own result handed back unchanged
 //	classify.go  what the statement wrote, row by row: created, updated, deleted or nothing
