@@ -16,6 +16,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // Admin looks at an outbox table and repairs it: counts per state, lists and single events, requeue
@@ -51,7 +53,7 @@ type adminConfig struct {
 // DefaultTableName).
 func WithAdminTable(name string) AdminOption {
 	return func(c *adminConfig) error {
-		if !identifierRE.MatchString(name) {
+		if !sqlname.Valid(name) {
 			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
 		}
 		c.table = name

@@ -2,26 +2,12 @@ package outboxplugin
 
 import (
 	"encoding/json"
-	"strings"
 	"unicode/utf8"
 )
 
 // Helpers that the capture side (plugin, events, encoding) and the relay side (worker, its SQL, the
-// table's migration) both use, kept here so that neither reaches into the other's files.
-
-// quotePGIdent quotes a (validated) table name as one identifier, the channel name.
-func quotePGIdent(name string) string {
-	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
-}
-
-// pgQuotedName quotes each part of a (possibly schema-qualified) table name for PostgreSQL.
-func pgQuotedName(name string) string {
-	parts := strings.Split(name, ".")
-	for i, p := range parts {
-		parts[i] = quotePGIdent(p)
-	}
-	return strings.Join(parts, ".")
-}
+// table's migration) both use, kept here so that neither reaches into the other's files (table names:
+// internal/sqlname; message ids: internal/msgid).
 
 // isJSON reports whether b is a JSON document in UTF-8. json.Valid alone accepts invalid UTF-8
 // inside strings (the decoder would replace it), which PostgreSQL's jsonb and MySQL's json refuse and

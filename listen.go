@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"reflect"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // Wake-up on PostgreSQL. The capture side calls pg_notify(<table>, '') inside the statement that
@@ -68,7 +70,7 @@ func (w *Worker) listenOnce(ctx context.Context) (listened bool, err error) {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		_ = conn.Close()
 	}()
-	if _, err := conn.ExecContext(ctx, "LISTEN "+quotePGIdent(w.cfg.table)); err != nil {
+	if _, err := conn.ExecContext(ctx, "LISTEN "+sqlname.PGIdent(w.cfg.table)); err != nil {
 		return false, err
 	}
 	// Events committed before LISTEN took effect would otherwise wait for a poll.

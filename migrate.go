@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // MigrateOption configures AutoMigrate.
@@ -184,7 +186,7 @@ func tableColumns(db *gorm.DB, dialect, table string) (map[string]bool, error) {
 	switch dialect {
 	case dialectPostgres:
 		err = db.Raw(`SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(?) AND attnum > 0 AND NOT attisdropped`,
-			pgQuotedName(table)).Scan(&names).Error
+			sqlname.PG(table)).Scan(&names).Error
 	case dialectMySQL:
 		schemaName, name := "", table
 		if i := strings.LastIndex(table, "."); i >= 0 {
@@ -216,7 +218,7 @@ func tableColumns(db *gorm.DB, dialect, table string) (map[string]bool, error) {
 func tableOfStatement(db *gorm.DB) (string, error) {
 	expr := db.Statement.TableExpr
 	name := strings.NewReplacer(`"`, "", "`", "").Replace(expr.SQL)
-	if len(expr.Vars) > 0 || !identifierRE.MatchString(name) || (&gorm.Statement{DB: db}).Quote(name) != expr.SQL {
+	if len(expr.Vars) > 0 || !sqlname.Valid(name) || (&gorm.Statement{DB: db}).Quote(name) != expr.SQL {
 		return "", fmt.Errorf("outboxplugin: migrate %q: %w", expr.SQL, ErrInvalidTableName)
 	}
 	return name, nil
@@ -269,9 +271,9 @@ func indexState(db *gorm.DB, table, name string) (exists, valid bool, err error)
 
 // pgIndexRef is index name of table, quoted and qualified with the table's schema when it has one.
 func pgIndexRef(table, name string) string {
-	qualified := quotePGIdent(name)
+	qualified := sqlname.PGIdent(name)
 	if i := strings.LastIndex(table, "."); i >= 0 {
-		qualified = pgQuotedName(table[:i]) + "." + qualified
+		qualified = sqlname.PG(table[:i]) + "." + qualified
 	}
 	return qualified
 }

@@ -13,6 +13,8 @@ import (
 	"gorm.io/gorm/schema"
 
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // DefaultTableName is the table OutboxEvent maps to, and the table the plugin writes to unless
@@ -199,7 +201,7 @@ func pgColumnType(db *gorm.DB, field *schema.Field) string {
 	}
 	var typ string
 	err := db.Session(&gorm.Session{NewDB: true}).Raw(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-		WHERE attrelid = to_regclass(?) AND attname = ? AND attnum > 0 AND NOT attisdropped`, pgQuotedName(table), field.DBName).Scan(&typ).Error
+		WHERE attrelid = to_regclass(?) AND attname = ? AND attnum > 0 AND NOT attisdropped`, sqlname.PG(table), field.DBName).Scan(&typ).Error
 	if err != nil {
 		return ""
 	}
@@ -243,7 +245,7 @@ func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
 	}
 	// Each part quoted, as GORM created it: an unquoted mixed-case name would be folded to lower case.
 	err := db.Raw(`SELECT to_regclass(?) IS NOT NULL AS exists, COALESCE((SELECT array_to_string(reloptions, ',')`+
-		` FROM pg_class WHERE oid = to_regclass(?)), '') AS options`, pgQuotedName(table), pgQuotedName(table)).Scan(&found).Error
+		` FROM pg_class WHERE oid = to_regclass(?)), '') AS options`, sqlname.PG(table), sqlname.PG(table)).Scan(&found).Error
 	if err != nil {
 		return nil, fmt.Errorf("read storage options: %w", err)
 	}

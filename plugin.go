@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"regexp"
 	"sync"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 const pluginName = "outboxplugin"
@@ -131,15 +132,11 @@ func defaultConfig() config {
 	return config{table: DefaultTableName, payload: PayloadKey, notify: true}
 }
 
-// identifierRE accepts a plain or schema-qualified SQL identifier. Anything else (quotes, spaces,
-// semicolons) is refused, so the table name can be written into SQL as it is.
-var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
-
 // WithTableName sets the outbox table (default "outbox_events"). It must be a plain identifier,
 // optionally schema-qualified ("events.outbox"). Create it with AutoMigrate(db) after db.Use.
 func WithTableName(name string) Option {
 	return func(c *config) error {
-		if !identifierRE.MatchString(name) {
+		if !sqlname.Valid(name) {
 			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
 		}
 		c.table = name

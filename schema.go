@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"gorm.io/gorm/schema"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // The outbox table's schema, written out once per database: AutoMigrate creates a new table with it
@@ -141,14 +143,14 @@ func unqualified(table string) string {
 // lower-case identifiers that need no quotes on any of the three.
 type ddl struct {
 	dialect string
-	table   string // validated (identifierRE), possibly schema-qualified
+	table   string // validated (sqlname.Valid), possibly schema-qualified
 	namer   schema.Namer
 }
 
 // quote quotes a validated, possibly schema-qualified name.
 func (d ddl) quote(name string) string {
 	if d.dialect == dialectPostgres {
-		return pgQuotedName(name)
+		return sqlname.PG(name)
 	}
 	parts := strings.Split(name, ".")
 	for i, p := range parts {
@@ -391,7 +393,7 @@ func newDDL(dialect, table string) (ddl, error) {
 	if table == "" {
 		table = DefaultTableName
 	}
-	if !identifierRE.MatchString(table) {
+	if !sqlname.Valid(table) {
 		return ddl{}, fmt.Errorf("outboxplugin: %w: %q", ErrInvalidTableName, table)
 	}
 	return ddl{dialect: dialect, table: table, namer: schema.NamingStrategy{}}, nil

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // The worker's options and their defaults.
@@ -195,7 +197,7 @@ func WithRetention(d time.Duration) WorkerOption {
 // registered on the worker's *gorm.DB, or DefaultTableName.
 func WithTable(name string) WorkerOption {
 	return func(c *workerConfig) error {
-		if !identifierRE.MatchString(name) {
+		if !sqlname.Valid(name) {
 			return fmt.Errorf("%w: %w: %q", ErrInvalidOption, ErrInvalidTableName, name)
 		}
 		c.table = name

@@ -34,13 +34,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
 // DefaultTableName is the inbox table's name unless WithTable says otherwise.
@@ -98,13 +99,11 @@ type Inbox struct {
 // Option configures an Inbox.
 type Option func(*Inbox) error
 
-var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
-
 // WithTable sets the inbox table (default DefaultTableName): a plain identifier, optionally
 // schema-qualified.
 func WithTable(name string) Option {
 	return func(in *Inbox) error {
-		if !identifierRE.MatchString(name) {
+		if !sqlname.Valid(name) {
 			return fmt.Errorf("%w: table name %q", ErrInvalidOption, name)
 		}
 		in.table = name
