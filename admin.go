@@ -332,6 +332,19 @@ const (
 	deadGroup = `c.processed = false AND c.dead_at IS NOT NULL`
 )
 
+// liveRuns are the live group as ListEvents reads it in creation order. On MySQL and MariaDB it is
+// the claim index's two runs: the fresh events (next_attempt_at NULL), which the index holds in creation
+// order after its fixed prefix, and the timed ones (retries, delayed events), which are sorted. Read as
+// one group, the whole backlog was sorted for a page: 322 ms for a page of 50 with 300 000 events
+// pending, where the full reference index of earlier versions had held them in creation order
+// (1.5 ms). On PostgreSQL and SQLite, one group.
+func (a *Admin) liveRuns() []string {
+	if a.dialect != dialectMySQL {
+		return []string{liveGroup}
+	}
+	return []string{liveGroup + ` AND c.next_attempt_at IS NULL`, liveGroup + ` AND c.next_attempt_at IS NOT NULL`}
+}
+
 // processedGroup is the condition of the processed rows as their index reads them: the reference
 // index on PostgreSQL and SQLite, the claim index's run of processed rows on MySQL and MariaDB
 // (processedRows).
@@ -569,16 +582,17 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	}
 	at := a.q.d.clock(now())
 	processedGroup := a.processedGroup()
+	live := a.liveRuns()
 	var groups []string
 	switch state {
 	case "":
-		groups = []string{liveGroup, deadGroup, processedGroup}
+		groups = slices.Concat(live, []string{deadGroup, processedGroup})
 	case StateDead:
 		groups = []string{deadGroup}
 	case StateProcessed:
 		groups = []string{processedGroup}
 	default:
-		groups = []string{liveGroup}
+		groups = live
 	}
 	dir := "DESC"
 	if f.Oldest {

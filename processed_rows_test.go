@@ -2,6 +2,7 @@ package outboxplugin_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -103,28 +104,8 @@ func TestCleanupOnMySQLReadsOnlyWhatItDeletes(t *testing.T) {
 		require.NoError(t, db.Exec(`ANALYZE TABLE outbox_events`).Error)
 		sqlDB, err := db.DB()
 		require.NoError(t, err)
-		// The pool is the tests' shared one: one connection for this test, then as before (openDB
-		// leaves the idle connections at database/sql's default, 2).
-		previous := sqlDB.Stats().MaxOpenConnections
-		sqlDB.SetMaxOpenConns(1)
-		t.Cleanup(func() {
-			sqlDB.SetMaxOpenConns(previous)
-			sqlDB.SetMaxIdleConns(2)
-		})
-		rowsRead := func() int64 {
-			rows, err := db.Raw(`SHOW SESSION STATUS LIKE 'Handler_read%'`).Rows()
-			require.NoError(t, err)
-			defer rows.Close()
-			var total int64
-			for rows.Next() {
-				var name string
-				var n int64
-				require.NoError(t, rows.Scan(&name, &n))
-				total += n
-			}
-			require.NoError(t, rows.Err())
-			return total
-		}
+		oneConnection(t, sqlDB)
+		rowsRead := func() int64 { return handlerReads(t, db) }
 		admin, err := outboxplugin.NewAdmin(db)
 		require.NoError(t, err)
 		before := rowsRead()
@@ -136,5 +117,72 @@ func TestCleanupOnMySQLReadsOnlyWhatItDeletes(t *testing.T) {
 		removed, err = admin.Cleanup(context.Background(), 0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(kept), removed)
+	})
+}
+
+// MariaDB and MySQL: a page of the backlog, newest first, reads about a page of rows, not the backlog:
+// the fresh events are read in creation order from the claim index, and only the timed ones (retries,
+// delayed events) are sorted. Read as one group, the whole backlog was sorted for every page.
+func TestAdminListsABacklogOnMySQLWithoutSortingIt(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		if d.server() != "mysql" {
+			t.Skip("the counters are MySQL's and MariaDB's")
+		}
+		const backlog = 20000
+		db := setup(t, d, nil)
+		require.NoError(t, outboxplugin.AutoMigrate(db))
+		fillOutbox(t, db, d, outboxplugin.DefaultTableName, backlog, false) // pending, fresh
+		// A few retries waiting, among them the newest event.
+		require.NoError(t, db.Exec(`UPDATE outbox_events SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, attempts = 1, last_error = 'refused' WHERE id % 1000 = 0`).Error)
+		require.NoError(t, db.Exec(`ANALYZE TABLE outbox_events`).Error)
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		oneConnection(t, sqlDB)
+		admin, err := outboxplugin.NewAdmin(db)
+		require.NoError(t, err)
+		ctx := context.Background()
+		for _, state := range []outboxplugin.EventState{"", outboxplugin.StatePending, outboxplugin.StateDue} {
+			before := handlerReads(t, db)
+			page, err := admin.ListEvents(ctx, outboxplugin.EventFilter{State: state})
+			require.NoError(t, err)
+			read := handlerReads(t, db) - before
+			require.Len(t, page.Events, 50, "state %q", state)
+			for i := 1; i < len(page.Events); i++ {
+				assert.True(t, page.Events[i-1].ID > page.Events[i].ID, "state %q: newest first", state)
+			}
+			if state != outboxplugin.StateDue {
+				assert.Equal(t, int64(backlog), page.Events[0].ID, "state %q: the newest event, a waiting retry", state)
+			}
+			assert.LessOrEqual(t, read, int64(500), "state %q: rows read for a page of 50 in a backlog of %d", state, backlog)
+		}
+	})
+}
+
+// handlerReads is the sum of the server's Handler_read* counters of db's connection (see oneConnection).
+func handlerReads(t *testing.T, db *gorm.DB) int64 {
+	t.Helper()
+	rows, err := db.Raw(`SHOW SESSION STATUS LIKE 'Handler_read%'`).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	var total int64
+	for rows.Next() {
+		var name string
+		var n int64
+		require.NoError(t, rows.Scan(&name, &n))
+		total += n
+	}
+	require.NoError(t, rows.Err())
+	return total
+}
+
+// oneConnection limits the tests' shared pool to one connection for this test, so that session
+// counters are the Admin's, then sets it back (openDB leaves the idle connections at database/sql's
+// default, 2).
+func oneConnection(t *testing.T, sqlDB *sql.DB) {
+	previous := sqlDB.Stats().MaxOpenConnections
+	sqlDB.SetMaxOpenConns(1)
+	t.Cleanup(func() {
+		sqlDB.SetMaxOpenConns(previous)
+		sqlDB.SetMaxIdleConns(2)
 	})
 }
