@@ -332,18 +332,18 @@ const (
 	deadGroup = `c.processed = false AND c.dead_at IS NOT NULL`
 )
 
-// liveRuns are the live group as ListEvents reads it in creation order. On MySQL and MariaDB it is
-// the claim index's two runs: the fresh events (next_attempt_at NULL), which the index holds in creation
-// order after its fixed prefix, and the timed ones (retries, delayed events), which are sorted. Read as
-// one group, the whole backlog was sorted for a page: 322 ms for a page of 50 with 300 000 events
-// pending, where the full reference index of earlier versions had held them in creation order
-// (1.5 ms). On PostgreSQL and SQLite, one group.
+// liveRuns are the live group as ListEvents reads it in creation order: the claim index's two runs,
+// the fresh events (next_attempt_at NULL, freshRun), which the index holds in creation order after its
+// fixed prefix, and the timed ones (retries, delayed events), which are sorted. Read as one group, the
+// whole backlog was sorted for a page: with 300 000 events pending, 322 ms for a page of 50 on
+// MariaDB (where the full reference index of earlier versions had held them in creation order,
+// 1.5 ms) and 135 ms on PostgreSQL; the fresh run read in order takes 2.6 ms and 0.08 ms.
 func (a *Admin) liveRuns() []string {
-	if a.dialect != dialectMySQL {
-		return []string{liveGroup}
-	}
-	return []string{liveGroup + ` AND c.next_attempt_at IS NULL`, liveGroup + ` AND c.next_attempt_at IS NOT NULL`}
+	return []string{freshRun, liveGroup + ` AND c.next_attempt_at IS NOT NULL`}
 }
+
+// freshRun is the live group's run of fresh events (liveRuns).
+const freshRun = liveGroup + ` AND c.next_attempt_at IS NULL`
 
 // processedGroup is the condition of the processed rows as their index reads them: the reference
 // index on PostgreSQL and SQLite, the claim index's run of processed rows on MySQL and MariaDB
@@ -676,6 +676,12 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		// primary key after its columns, SQLite's the rowid (id), and PostgreSQL sorts only the ties
 		// of created_at (an incremental sort).
 		order := `c.created_at ` + dir + `, c.id ` + dir
+		if g == freshRun && a.dialect == "postgres" {
+			// PostgreSQL takes next_attempt_at IS NULL for no constant: it reads the claim index in
+			// order only when the ORDER BY names its leading columns (which the predicate fixes, so
+			// the order is the same). MariaDB would sort if it named them.
+			order = `c.processed ` + dir + `, c.dead_at ` + dir + `, c.next_attempt_at ` + dir + `, ` + order
+		}
 		indexed := `SELECT ` + adminColumns + ` FROM ` + a.q.table + ` c WHERE ` + strings.Join(where, " AND ")
 		// Processed rows searched for a filter their index does not hold: the first MaxProcessedScan
 		// rows of the index range, in order (a scan that stops there), filtered; a rare type then

@@ -120,32 +120,40 @@ func TestCleanupOnMySQLReadsOnlyWhatItDeletes(t *testing.T) {
 	})
 }
 
-// MariaDB and MySQL: a page of the backlog, newest first, reads about a page of rows, not the backlog:
-// the fresh events are read in creation order from the claim index, and only the timed ones (retries,
-// delayed events) are sorted. Read as one group, the whole backlog was sorted for every page.
-func TestAdminListsABacklogOnMySQLWithoutSortingIt(t *testing.T) {
+// A page of the backlog, newest first, is the fresh events read in creation order from the claim
+// index merged with the timed ones (retries, delayed events), sorted: read as one group, the whole
+// backlog was sorted for every page. On MariaDB and MySQL the server's counters show that a page reads
+// about a page of rows, not the backlog; on every database the page is the newest events, in order.
+func TestAdminListsABacklogWithoutSortingIt(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
-		if d.server() != "mysql" {
-			t.Skip("the counters are MySQL's and MariaDB's")
-		}
 		const backlog = 20000
 		db := setup(t, d, nil)
 		require.NoError(t, outboxplugin.AutoMigrate(db))
 		fillOutbox(t, db, d, outboxplugin.DefaultTableName, backlog, false) // pending, fresh
 		// A few retries waiting, among them the newest event.
-		require.NoError(t, db.Exec(`UPDATE outbox_events SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, attempts = 1, last_error = 'refused' WHERE id % 1000 = 0`).Error)
-		require.NoError(t, db.Exec(`ANALYZE TABLE outbox_events`).Error)
-		sqlDB, err := db.DB()
-		require.NoError(t, err)
-		oneConnection(t, sqlDB)
+		require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("id % 1000 = 0").
+			Updates(map[string]any{"next_attempt_at": time.Now().Add(time.Hour).UTC(), "attempts": 1, "last_error": "refused"}).Error)
+		counted := d.server() == "mysql"
+		if counted {
+			require.NoError(t, db.Exec(`ANALYZE TABLE outbox_events`).Error)
+			sqlDB, err := db.DB()
+			require.NoError(t, err)
+			oneConnection(t, sqlDB)
+		}
+		reads := func() int64 {
+			if !counted {
+				return 0
+			}
+			return handlerReads(t, db)
+		}
 		admin, err := outboxplugin.NewAdmin(db)
 		require.NoError(t, err)
 		ctx := context.Background()
 		for _, state := range []outboxplugin.EventState{"", outboxplugin.StatePending, outboxplugin.StateDue} {
-			before := handlerReads(t, db)
+			before := reads()
 			page, err := admin.ListEvents(ctx, outboxplugin.EventFilter{State: state})
 			require.NoError(t, err)
-			read := handlerReads(t, db) - before
+			read := reads() - before
 			require.Len(t, page.Events, 50, "state %q", state)
 			for i := 1; i < len(page.Events); i++ {
 				assert.True(t, page.Events[i-1].ID > page.Events[i].ID, "state %q: newest first", state)
