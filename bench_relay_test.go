@@ -177,7 +177,16 @@ func drainRawLoop(tb testing.TB, db *gorm.DB, d dialect) {
 			tb.Fatal(err)
 		}
 		if n == 0 {
-			return
+			// Empty: done, unless another loop holds the rest (SKIP LOCKED) and may yet roll it back;
+			// a loop that stopped there could leave events undelivered and its rate overstated.
+			var left int64
+			if err := db.Raw(`SELECT COUNT(*) FROM outbox_events WHERE processed = false AND dead_at IS NULL AND next_attempt_at IS NULL`).Scan(&left).Error; err != nil {
+				tb.Fatal(err)
+			}
+			if left == 0 {
+				return
+			}
+			time.Sleep(time.Millisecond)
 		}
 	}
 }
