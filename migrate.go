@@ -161,7 +161,7 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 	if !referenceIndex.applies(d.dialect) {
 		// MySQL and MariaDB: the full reference index of earlier versions, which every insert and
 		// every mark paid for. The claim index serves its readers once the processed rows earlier
-		// versions marked have no next attempt time (processedRows).
+		// versions marked have no next attempt time (Admin.processedGroup).
 		name := referenceIndex.name(d.namer, d.table)
 		if exists, _, err := indexState(db, d.table, name); err != nil {
 			return plan, fmt.Errorf("look up index %s: %w", name, err)

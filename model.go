@@ -13,7 +13,6 @@ import (
 	"gorm.io/gorm/schema"
 
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
-
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 

@@ -359,7 +359,7 @@ func (*mysqlRelay) renew(ctx context.Context, db *sql.DB, query string, args []a
 // application's inserts waited for every chunk, and for as long as the chunk waited on a row lock
 // (TestCleanupRunsBesideThePublishingLoop).
 //
-// The rows are read from the claim index (processedRows): its run of processed rows, up to the
+// The rows are read from the claim index (Admin.processedGroup): its run of processed rows, up to the
 // cutoff. A relay of a version before the mark cleared next_attempt_at (markProcessed) leaves its
 // retried and delayed rows outside that run, in the next one, ordered by that time: they are taken
 // once it too lies before the cutoff (the time is never before created_at, unless a DeliverAt was set

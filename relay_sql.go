@@ -685,21 +685,8 @@ func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []
 // markProcessed is the head of the assignments that mark a published row processed, up to its
 // processed_at's value. It clears next_attempt_at (the time of a delayed event, or of the retry that
 // got through): a processed row has no next attempt, and on MySQL and MariaDB that is what keeps
-// the processed rows one run of the claim index in creation order (processedRows).
+// the processed rows one run of the claim index in creation order (Admin.processedGroup).
 const markProcessed = `processed = true, next_attempt_at = NULL, processed_at = `
-
-// processedRows is the condition of the processed rows as their index reads them, on the rows of
-// alias ("c." or ""). On PostgreSQL and SQLite the partial reference index (processed, created_at)
-// holds them. MySQL and MariaDB have no partial indexes, and a full one would cost every insert and
-// every mark; there the claim index (processed, dead_at, next_attempt_at, created_at, id) holds them
-// in creation order after its fixed prefix: a processed row is never dead, and the mark clears its
-// next attempt time (markProcessed; AutoMigrate clears it on the rows earlier versions marked).
-func processedRows(dialect, alias string) string {
-	if dialect == dialectMySQL {
-		return alias + `processed = true AND ` + alias + `dead_at IS NULL AND ` + alias + `next_attempt_at IS NULL`
-	}
-	return alias + `processed = true`
-}
 
 // markDone records published rows: processed (the reference design), or deleted. It returns how many
 // of them were still leased to owner.

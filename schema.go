@@ -101,7 +101,7 @@ const (
 
 // The indexes. The reference index serves cleanup and the Admin's reads of processed rows on
 // PostgreSQL and SQLite; on MySQL and MariaDB the claim index does, since processed rows have neither
-// a dead nor a next attempt time there (processedRows); the claim index finds the next batch (see
+// a dead nor a next attempt time there (Admin.processedGroup); the claim index finds the next batch (see
 // OutboxEvent); the dead index serves the Admin's lists of dead events; the key index is per-key
 // ordering's (WithKeyOrderingIndex). The pending index is the one earlier versions had instead of the
 // claim index, and the reference index on MySQL and MariaDB one they made there: AutoMigrate drops
