@@ -491,7 +491,9 @@ type EventInfo struct {
 	LastError   string
 	ProcessedAt *time.Time
 	DeadAt      *time.Time
-	// LockedBy and LockedUntil are the lease of a leased event (and what is left of an expired one).
+	// LockedBy and LockedUntil are the lease of a leased event (and what is left of an expired one);
+	// empty and nil on an event no relay holds, whether its columns are NULL or, on MySQL and MariaDB,
+	// hold the placeholders a new row starts with (see OutboxEvent).
 	LockedBy    string
 	LockedUntil *time.Time
 	// History is the event's last failed attempts (WithAttemptHistory of the workers, 10 by default),
@@ -865,6 +867,11 @@ func (a *Admin) scanEvents(ctx context.Context, at time.Time, query string, args
 			*t.dst = &v
 		}
 		e.LastError, e.LockedBy = lastError.String, lockedBy.String
+		if strings.TrimSpace(e.LockedBy) == "" {
+			// No relay has claimed it since it was written (the defaults of MySQL's lease columns,
+			// NoLeaseOwner and noLeaseUntil), or one handed it back.
+			e.LockedBy, e.LockedUntil = "", nil
+		}
 		e.State = eventStateAt(processed, e, lastError.Valid, at)
 		out = append(out, e)
 	}

@@ -169,6 +169,15 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 			plan.statements = append(plan.statements, d.clearProcessedNextAttempt(), d.dropIndex(firstReferenceIndex, true))
 		}
 	}
+	if d.dialect == dialectMySQL {
+		set, err := hasLeaseDefaults(db, d.table)
+		if err != nil {
+			return plan, err
+		}
+		if !set {
+			plan.statements = append(plan.statements, d.setLeaseDefaults(false))
+		}
+	}
 	missing, err := missingStorageOptions(db, d.table)
 	if err != nil {
 		return plan, err
@@ -177,6 +186,47 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 		plan.statements = append(plan.statements, d.setStorage(missing))
 	}
 	return plan, nil
+}
+
+// hasLeaseDefaults reports whether the lease columns of table, on MySQL or MariaDB, have the defaults
+// of leaseDefaults. MariaDB quotes a default in information_schema and MySQL does not; both write a
+// time with its fraction.
+func hasLeaseDefaults(db *gorm.DB, table string) (bool, error) {
+	schemaName, name := "", table
+	if i := strings.LastIndex(table, "."); i >= 0 {
+		schemaName, name = table[:i], table[i+1:]
+	}
+	var cols []struct {
+		Name    string
+		Default *string
+	}
+	if err := db.Raw(`SELECT column_name AS name, column_default AS `+"`default`"+` FROM information_schema.columns`+
+		` WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE()) AND table_name = ? AND column_name IN ('locked_by', 'locked_until')`,
+		schemaName, name).Scan(&cols).Error; err != nil {
+		return false, fmt.Errorf("read the lease columns' defaults: %w", err)
+	}
+	found := 0
+	for _, c := range cols {
+		if c.Default == nil {
+			return false, nil
+		}
+		v := *c.Default
+		if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
+			v = v[1 : len(v)-1]
+		}
+		switch strings.ToLower(c.Name) {
+		case "locked_by":
+			if v != NoLeaseOwner {
+				return false, nil
+			}
+		case "locked_until":
+			if !strings.HasPrefix(v, noLeaseUntil) {
+				return false, nil
+			}
+		}
+		found++
+	}
+	return found == len(leaseDefaults), nil
 }
 
 // tableColumns returns the names of the columns table has.

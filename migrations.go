@@ -19,7 +19,7 @@ import (
 // they are what MigrationFiles renders is a test of this package.
 
 // latestSchemaVersion is the version of the schema AutoMigrate makes: the last of schemaSteps.
-const latestSchemaVersion = 8
+const latestSchemaVersion = leaseDefaultsVersion
 
 // schemaStep is one version of the schema: the statements that make it from the version before, per
 // database, and the ones that undo them. A step that changes nothing on a database has no statements
@@ -155,6 +155,28 @@ var schemaSteps = []schemaStep{
 				return nil
 			}
 			return []string{d.createIndex(firstReferenceIndex, true, true)}
+		},
+	},
+	{
+		version: leaseDefaultsVersion, name: "mysql_lease_defaults",
+		about: []string{
+			"MySQL and MariaDB: gives the lease columns defaults (locked_by 32 spaces, locked_until",
+			"1970-01-01), so that a new row holds values of the size a claim stamps and InnoDB updates it",
+			"in place: from NULL, every claim made its rows longer, and a relay spent about half its time",
+			"making room for them. A change of the catalog (ALGORITHM=INSTANT); rows written before keep",
+			"NULL, which the relay reads as it reads the defaults: no lease.",
+		},
+		up: func(d ddl) []string {
+			if d.dialect != dialectMySQL {
+				return nil
+			}
+			return []string{d.setLeaseDefaults(false)}
+		},
+		down: func(d ddl) []string {
+			if d.dialect != dialectMySQL {
+				return nil
+			}
+			return []string{d.setLeaseDefaults(true)}
 		},
 	},
 }

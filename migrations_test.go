@@ -104,9 +104,9 @@ func TestMigrationFilesShape(t *testing.T) {
 				})
 				require.NoError(t, fstest.TestFS(fsys, names...))
 				if format == outboxplugin.GolangMigrate {
-					assert.Len(t, files, 16, "an up and a down file for each of 8 versions")
+					assert.Len(t, files, 18, "an up and a down file for each of 9 versions")
 				} else {
-					assert.Len(t, files, 8)
+					assert.Len(t, files, 9)
 				}
 				for name, body := range files {
 					switch format {

@@ -53,6 +53,15 @@ const DefaultTableName = "outbox_events"
 // without the reference and dead indexes or PostgreSQL's storage settings: the worker, Admin.CheckTable
 // and outbox status say what such a table lacks and what it costs (TableWarning).
 //
+// The lease columns (locked_by, locked_until) say which worker holds a claimed row and until when.
+// On PostgreSQL and SQLite they are NULL until a relay claims the row. On MySQL and MariaDB
+// AutoMigrate gives them defaults, 32 spaces and 1970-01-01 00:00:00, which the plugin's INSERT
+// leaves to the database: a claim then overwrites values of the size it writes (a worker's id is
+// always 32 bytes), which InnoDB does in place, where from NULL it had to make every row longer
+// (docs/benchmarks.md). Both mean no lease, as NULL does, and a relay hands rows back with NULL;
+// LeaseOwner reads either as none. Queries of your own should do the same: locked_by IS NULL alone
+// misses the rows that were never claimed there.
+//
 // Rows may be written by hand inside a transaction, as in the reference design
 // (tx.Create(&OutboxEvent{EventType: "OrderPlaced", Payload: ...})); the capture callbacks never
 // create events for OutboxEvent itself. Emit does the same with less ceremony and honours
@@ -77,6 +86,28 @@ type OutboxEvent struct {
 	// AttemptHistory is the event's last failed attempts, oldest first (NULL until the first): see
 	// AttemptHistory and WithAttemptHistory. The relay writes it; rows written by hand leave it nil.
 	AttemptHistory AttemptHistory
+}
+
+// NoLeaseOwner is locked_by of a row no relay has claimed since it was written, on MySQL and MariaDB:
+// 32 spaces, the column's default there, as 1970-01-01 00:00:00 is locked_until's. A claim's stamp
+// then writes values of the same size as the ones it replaces (every worker's id is 32 bytes), which
+// InnoDB writes in place; from NULL, every stamp made each row longer, and the page had to make room
+// for it (half the relay's time on MariaDB, docs/benchmarks.md). The relay takes it, like NULL, for
+// no owner; rows written before the defaults, and rows a relay handed back, hold NULL. A query of
+// your own for the rows a relay holds is locked_by <> NoLeaseOwner (which NULL fails as well).
+const NoLeaseOwner = "                                " // 32 spaces
+
+// leaseOwnerWidth is the length of every worker's id (workerID): that of NoLeaseOwner.
+const leaseOwnerWidth = len(NoLeaseOwner)
+
+// LeaseOwner is the id of the worker that holds the row's lease, or held it until it ran out; ""
+// when no relay holds the row: locked_by is NULL, or holds the placeholder a new row starts with on
+// MySQL and MariaDB (spaces).
+func (e OutboxEvent) LeaseOwner() string {
+	if e.LockedBy == nil || strings.TrimSpace(*e.LockedBy) == "" {
+		return ""
+	}
+	return *e.LockedBy
 }
 
 // TableName returns DefaultTableName. A plugin configured WithTableName writes elsewhere; migrate

@@ -61,7 +61,7 @@ func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
 	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB sorts when
 	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
-		`CASE WHEN c.locked_by IS NOT NULL THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
+		`CASE WHEN c.`+leaseHeld+` THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
 	// The probe reads a batch of the fresh run; a relay that finds those held by other relays reads
 	// on, from the same snapshot (probeMore).
 	d.window = q.batchSize

@@ -170,20 +170,26 @@ const returnedColumns = "id, message_id, event_type, aggregate_type, aggregate_i
 // from the rest; see Worker.isolateUnfinished.
 const unfinishedDelivery = "outboxplugin: an earlier delivery did not finish (its relay died or lost its lease)"
 
+// leaseHeld is true on a row a relay has claimed and not yet marked or handed back, whether its
+// lease still runs or not: locked_by holds a worker's id. NULL (no owner) makes it NULL, which CASE
+// and WHERE take for false; the placeholder (NoLeaseOwner) is compared as written, since MySQL 8's
+// default collation does not pad.
+const leaseHeld = `locked_by <> '` + NoLeaseOwner + `'`
+
 // stampUnfinished sets last_error to unfinishedDelivery on a row whose lease ran out. It comes first
 // in the claim's SET list: MySQL evaluates assignments left to right, so locked_by is still the old one.
-const stampUnfinished = `last_error = CASE WHEN locked_by IS NOT NULL THEN '` + unfinishedDelivery + `' ELSE last_error END, `
+const stampUnfinished = `last_error = CASE WHEN ` + leaseHeld + ` THEN '` + unfinishedDelivery + `' ELSE last_error END, `
 
 // stampUnfinishedHistory is, with a history kept, the assignment that appends the delivery that did
 // not finish to a row taken over from an expired lease: when its lease ran out (locked_until), the
 // worker that held it (locked_by), its attempt number (attempts, not yet counted up by the claim) and
 // no duration, which nobody saw end. It is built from the row's own columns, so the claim takes no
 // parameter more; it follows stampUnfinished, before the assignments of the new lease, for MySQL's left
-// to right evaluation. Rows claimed fresh or due (locked_by NULL) take the ELSE branch: their history
+// to right evaluation. Rows claimed fresh or due (no owner) take the ELSE branch: their history
 // is assigned to itself, which costs the claim a comparison per row (measured in docs/relay.md).
 func stampUnfinishedHistory(d relayDialect, keep int) string {
 	entry := d.jsonObject(`'at'`, `locked_until`, `'attempt'`, `attempts`, `'worker'`, `locked_by`, `'error'`, `'`+unfinishedDelivery+`'`)
-	return `attempt_history = CASE WHEN locked_by IS NOT NULL THEN ` + d.appendHistory(keep, entry) + ` ELSE attempt_history END, `
+	return `attempt_history = CASE WHEN ` + leaseHeld + ` THEN ` + d.appendHistory(keep, entry) + ` ELSE attempt_history END, `
 }
 
 // newRelaySQL writes the relay's SQL for table. history is how many failed attempts each row keeps

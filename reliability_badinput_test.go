@@ -579,7 +579,7 @@ func TestWorkerOptionBoundaries(t *testing.T) {
 		})
 	}
 	assert.Empty(t, pub.published(), "a refused worker publishes nothing")
-	assert.Nil(t, loadEvents(t, db)[0].LockedBy, "nor claims anything")
+	assert.Empty(t, loadEvents(t, db)[0].LeaseOwner(), "nor claims anything")
 
 	accepted := map[string][]outboxplugin.WorkerOption{
 		"batch size 1":                {outboxplugin.WithBatchSize(1)},
@@ -723,7 +723,7 @@ func TestWrongOutboxSchema(t *testing.T) {
 			assert.Empty(t, rec.published())
 			for _, e := range loadEvents(t, db) {
 				assert.False(t, e.Processed)
-				assert.Nil(t, e.LockedBy, "the failed claim leased nothing")
+				assert.Empty(t, e.LeaseOwner(), "the failed claim leased nothing")
 				assert.Zero(t, e.Attempts, "and counted no attempt")
 			}
 		})
@@ -857,7 +857,7 @@ func TestContextCancelledDuringBatch(t *testing.T) {
 		assertHandedBack := func(t *testing.T, e outboxplugin.OutboxEvent) {
 			t.Helper()
 			assert.False(t, e.Processed, "event %d not marked", e.ID)
-			assert.Nil(t, e.LockedBy, "event %d: lease cleared", e.ID)
+			assert.Empty(t, e.LeaseOwner(), "event %d: lease cleared", e.ID)
 			assert.Nil(t, e.LockedUntil)
 			assert.Zero(t, e.Attempts, "event %d: the interrupted attempt is not counted", e.ID)
 			assert.Nil(t, e.LastError)
@@ -944,7 +944,7 @@ func TestContextCancelledDuringBatch(t *testing.T) {
 			assert.Equal(t, 2, n)
 			for _, e := range loadEvents(t, db) {
 				assert.True(t, e.Processed, "marked with a context of its own")
-				assert.Nil(t, e.LockedBy)
+				assert.Empty(t, e.LeaseOwner())
 			}
 		})
 	})

@@ -117,7 +117,7 @@ func requireDeadAfter(t *testing.T, db *gorm.DB, messageID string, attempts int)
 	row := outboxRow(t, db, messageID)
 	assert.Equal(t, attempts, row.Attempts, "dead after exactly the maximum number of attempts")
 	assert.False(t, row.Processed)
-	assert.Nil(t, row.LockedBy, "a dead event holds no lease")
+	assert.Empty(t, row.LeaseOwner(), "a dead event holds no lease")
 	require.NotNil(t, row.LastError)
 	assert.Equal(t, errPoison.Error(), *row.LastError, "the last error is kept")
 }

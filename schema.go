@@ -32,14 +32,26 @@ type schemaColumn struct {
 	name                 string
 	postgres, mysql, sql string // sql: SQLite
 	since                int
+	// mysqlDefault is the column's default on MySQL and MariaDB from schema version
+	// leaseDefaultsVersion on (the lease columns: leaseDefaults), a constant set on the column
+	// without touching its rows.
+	mysqlDefault string
 }
 
-// definition is the column's definition on dialect, after its name.
-func (c schemaColumn) definition(dialect string) string {
+// leaseDefaultsVersion is the schema version that gave the lease columns their defaults on MySQL and
+// MariaDB.
+const leaseDefaultsVersion = 9
+
+// definition is the column's definition on dialect, after its name, as schema version version has
+// it.
+func (c schemaColumn) definition(dialect string, version int) string {
 	switch dialect {
 	case dialectPostgres:
 		return c.postgres
 	case dialectMySQL:
+		if c.mysqlDefault != "" && version >= leaseDefaultsVersion {
+			return c.mysql + " DEFAULT " + c.mysqlDefault
+		}
 		return c.mysql
 	}
 	return c.sql
@@ -50,24 +62,40 @@ func (c schemaColumn) definition(dialect string) string {
 // A column added after the first version must be nullable or have a constant default, so that adding
 // it to a live table is a change of the catalog, not a rewrite of every row.
 var schemaColumns = []schemaColumn{
-	{"id", "bigserial", "bigint AUTO_INCREMENT", "integer PRIMARY KEY AUTOINCREMENT", 1},
-	{"message_id", "varchar(36) NOT NULL", "varchar(36) NOT NULL", "text NOT NULL", 1},
-	{"event_type", "varchar(255) NOT NULL", "varchar(255) NOT NULL", "text NOT NULL", 1},
-	{"aggregate_type", "varchar(255) NOT NULL DEFAULT ''", "varchar(255) NOT NULL DEFAULT ''", "text NOT NULL DEFAULT ''", 1},
-	{"aggregate_id", "varchar(255) NOT NULL DEFAULT ''", "varchar(255) NOT NULL DEFAULT ''", "text NOT NULL DEFAULT ''", 1},
-	{"payload", "json NOT NULL", "json NOT NULL", "text NOT NULL", 1},
-	{"headers", "json", "json", "text", 1},
-	{"created_at", "timestamptz(6) NOT NULL", "datetime(6) NOT NULL", "datetime NOT NULL", 1},
-	{"processed", "boolean NOT NULL DEFAULT false", "boolean NOT NULL DEFAULT false", "numeric NOT NULL DEFAULT false", 1},
-	{"processed_at", "timestamptz(6)", "datetime(6) NULL", "datetime", 1},
-	{"attempts", "bigint NOT NULL DEFAULT 0", "bigint NOT NULL DEFAULT 0", "integer NOT NULL DEFAULT 0", 1},
-	{"next_attempt_at", "timestamptz(6)", "datetime(6) NULL", "datetime", 1},
-	{"last_error", "text", "text", "text", 1},
-	{"dead_at", "timestamptz(6)", "datetime(6) NULL", "datetime", 1},
-	{"locked_by", "varchar(64)", "varchar(64)", "text", 1},
-	{"locked_until", "timestamptz(6)", "datetime(6) NULL", "datetime", 1},
-	{"attempt_history", "jsonb", "json", "text", 6},
+	{"id", "bigserial", "bigint AUTO_INCREMENT", "integer PRIMARY KEY AUTOINCREMENT", 1, ""},
+	{"message_id", "varchar(36) NOT NULL", "varchar(36) NOT NULL", "text NOT NULL", 1, ""},
+	{"event_type", "varchar(255) NOT NULL", "varchar(255) NOT NULL", "text NOT NULL", 1, ""},
+	{"aggregate_type", "varchar(255) NOT NULL DEFAULT ''", "varchar(255) NOT NULL DEFAULT ''", "text NOT NULL DEFAULT ''", 1, ""},
+	{"aggregate_id", "varchar(255) NOT NULL DEFAULT ''", "varchar(255) NOT NULL DEFAULT ''", "text NOT NULL DEFAULT ''", 1, ""},
+	{"payload", "json NOT NULL", "json NOT NULL", "text NOT NULL", 1, ""},
+	{"headers", "json", "json", "text", 1, ""},
+	{"created_at", "timestamptz(6) NOT NULL", "datetime(6) NOT NULL", "datetime NOT NULL", 1, ""},
+	{"processed", "boolean NOT NULL DEFAULT false", "boolean NOT NULL DEFAULT false", "numeric NOT NULL DEFAULT false", 1, ""},
+	{"processed_at", "timestamptz(6)", "datetime(6) NULL", "datetime", 1, ""},
+	{"attempts", "bigint NOT NULL DEFAULT 0", "bigint NOT NULL DEFAULT 0", "integer NOT NULL DEFAULT 0", 1, ""},
+	{"next_attempt_at", "timestamptz(6)", "datetime(6) NULL", "datetime", 1, ""},
+	{"last_error", "text", "text", "text", 1, ""},
+	{"dead_at", "timestamptz(6)", "datetime(6) NULL", "datetime", 1, ""},
+	{"locked_by", "varchar(64)", "varchar(64)", "text", 1, "'" + NoLeaseOwner + "'"},
+	{"locked_until", "timestamptz(6)", "datetime(6) NULL", "datetime", 1, "'" + noLeaseUntil + "'"},
+	{"attempt_history", "jsonb", "json", "text", 6, ""},
 }
+
+// noLeaseUntil is locked_until of a row no relay has claimed since it was written, on MySQL and
+// MariaDB: a time long past, the column's default there (see NoLeaseOwner).
+const noLeaseUntil = "1970-01-01 00:00:00"
+
+// leaseDefaults are the lease columns, whose defaults on MySQL and MariaDB (NoLeaseOwner and
+// noLeaseUntil) give every new row values of the size a claim stamps.
+var leaseDefaults = func() []schemaColumn {
+	var out []schemaColumn
+	for _, c := range schemaColumns {
+		if c.mysqlDefault != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}()
 
 // schemaIndex is a secondary index of the outbox table.
 type schemaIndex struct {
@@ -186,7 +214,7 @@ func (d ddl) createTable(version int, indexes []schemaIndex, ifNotExists bool) [
 	b.WriteString(d.quotedTable() + " (\n")
 	for _, c := range schemaColumns {
 		if c.since <= version {
-			b.WriteString("\t" + c.name + " " + c.definition(d.dialect) + ",\n")
+			b.WriteString("\t" + c.name + " " + c.definition(d.dialect, version) + ",\n")
 		}
 	}
 	var after []string
@@ -280,11 +308,27 @@ func (d ddl) addColumn(c schemaColumn) string {
 	s := "ALTER TABLE " + d.quotedTable() + " ADD COLUMN "
 	switch d.dialect {
 	case dialectPostgres:
-		return s + "IF NOT EXISTS " + c.name + " " + c.definition(d.dialect)
+		return s + "IF NOT EXISTS " + c.name + " " + c.definition(d.dialect, c.since)
 	case dialectMySQL:
-		return s + c.name + " " + c.definition(d.dialect) + ", ALGORITHM=INSTANT"
+		return s + c.name + " " + c.definition(d.dialect, c.since) + ", ALGORITHM=INSTANT"
 	}
-	return s + c.name + " " + c.definition(d.dialect)
+	return s + c.name + " " + c.definition(d.dialect, c.since)
+}
+
+// setLeaseDefaults gives the lease columns their defaults on MySQL and MariaDB (leaseDefaults), or,
+// with unset, takes them away: a change of the catalog, which neither rewrites the rows nor holds up
+// the table's writes (ALGORITHM=INSTANT fails rather than copy the table). Rows written before keep
+// NULL, which the relay takes for no lease as it takes the defaults.
+func (d ddl) setLeaseDefaults(unset bool) string {
+	var parts []string
+	for _, c := range leaseDefaults {
+		value := c.mysqlDefault
+		if unset {
+			value = "NULL"
+		}
+		parts = append(parts, "ALTER COLUMN "+c.name+" SET DEFAULT "+value)
+	}
+	return "ALTER TABLE " + d.quotedTable() + " " + strings.Join(parts, ", ") + ", ALGORITHM=INSTANT"
 }
 
 // dropColumn drops c.

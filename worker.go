@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -132,15 +133,39 @@ func defaultBatchSize(dialect string) int {
 	return DefaultBatchSize
 }
 
-// workerID names the worker in locked_by: host, process and a random suffix, within 64 characters.
+// workerID names the worker in locked_by: its host's short name (up to the first dot), its process
+// and random hex, always leaseOwnerWidth bytes long, so that a claim's stamp overwrites the
+// placeholder a new row holds on MySQL and MariaDB (NoLeaseOwner) in place. At least 8 hex digits
+// are random; a host name that leaves fewer keeps its end, where a pod's name has what tells it from
+// its siblings, and any byte but letters, digits, '-' and '_' is written as '_'.
 func workerID() string {
 	host, _ := os.Hostname()
-	if len(host) > 32 {
-		host = host[:32]
+	return leaseOwnerID(host, os.Getpid())
+}
+
+// leaseOwnerID is workerID for a host name and a process id.
+func leaseOwnerID(host string, pid int) string {
+	const minRandom = 8
+	if i := strings.IndexByte(host, '.'); i >= 0 {
+		host = host[:i]
 	}
-	var b [6]byte
+	if host == "" {
+		host = "worker"
+	}
+	proc := "-" + strconv.Itoa(pid) + "-"
+	if room := leaseOwnerWidth - len(proc) - minRandom; len(host) > room {
+		host = host[len(host)-max(room, 0):]
+	}
+	clean := []byte(host)
+	for i, c := range clean {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			clean[i] = '_'
+		}
+	}
+	var b [leaseOwnerWidth / 2]byte
 	_, _ = rand.Read(b[:])
-	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+	id := string(clean) + proc + hex.EncodeToString(b[:])
+	return id[:leaseOwnerWidth]
 }
 
 // Owner returns the id the worker stamps on the rows it claims (the locked_by column).
@@ -494,7 +519,10 @@ func (w *Worker) requeue(ctx context.Context, messageIDs []string) (int64, error
 func (w *Worker) checkTable(ctx context.Context) error {
 	rows, err := w.sql.db.QueryContext(ctx, `SELECT `+w.sql.columns()+` FROM `+w.sql.table+` WHERE 1 = 0`)
 	if err == nil {
-		return rows.Close()
+		// Run ended before it began is no error: the MySQL driver's Close reports the cancellation.
+		if err = rows.Close(); err == nil {
+			return nil
+		}
 	}
 	if ctx.Err() != nil || w.sql.db.PingContext(ctx) != nil {
 		return nil

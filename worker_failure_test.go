@@ -38,7 +38,7 @@ func TestPublishErrorNamingNoMessageIsAWholeFailure(t *testing.T) {
 				assert.Zero(t, n, "nothing published")
 				for _, e := range loadEvents(t, db) {
 					assert.False(t, e.Processed, "not marked published")
-					assert.Nil(t, e.LockedBy)
+					assert.Empty(t, e.LeaseOwner())
 					assert.Zero(t, e.Attempts, "a failure naming no message spends no attempt")
 				}
 				require.Len(t, seen, 1)

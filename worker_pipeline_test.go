@@ -19,7 +19,7 @@ import (
 // leasedCount counts the outbox rows leased right now.
 func leasedCount(t testing.TB, db *gorm.DB) int64 {
 	var n int64
-	require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("locked_by IS NOT NULL AND processed = ?", false).Count(&n).Error)
+	require.NoError(t, db.Model(&outboxplugin.OutboxEvent{}).Where("locked_by <> ? AND processed = ?", outboxplugin.NoLeaseOwner, false).Count(&n).Error)
 	return n
 }
 
@@ -93,7 +93,7 @@ func TestWorkerClaimsNextBatchWhilePublishing(t *testing.T) {
 		for _, e := range loadEvents(t, db) {
 			want = append(want, e.MessageID)
 			assert.True(t, e.Processed)
-			assert.Nil(t, e.LockedBy)
+			assert.Empty(t, e.LeaseOwner())
 		}
 		assert.Equal(t, want, got, "creation order, each once")
 	})
@@ -138,7 +138,7 @@ func TestWorkerShutdownHandsBackBatchClaimedAhead(t *testing.T) {
 		}
 		for _, e := range loadEvents(t, db) {
 			assert.False(t, e.Processed)
-			assert.Nil(t, e.LockedBy, "handed back")
+			assert.Empty(t, e.LeaseOwner(), "handed back")
 			assert.Zero(t, e.Attempts, "no delivery counted")
 		}
 		require.Eventually(t, func() bool { return workerGoroutines() == 0 }, 5*time.Second, 10*time.Millisecond,
@@ -353,7 +353,7 @@ func TestWorkerClaimsAheadOnlyWhilePublishingTakesTime(t *testing.T) {
 		var want []string
 		for _, e := range loadEvents(t, db) {
 			want = append(want, e.MessageID)
-			assert.Nil(t, e.LockedBy)
+			assert.Empty(t, e.LeaseOwner())
 		}
 		assert.Equal(t, want, got, "creation order, each once")
 	})
@@ -433,7 +433,7 @@ func TestWorkerBacksOffWhileTheBrokerIsDown(t *testing.T) {
 		assert.LessOrEqual(t, calls.Load(), 7*rounds.Load(), "calls per batch tried")
 		for _, e := range loadEvents(t, db) {
 			assert.Zero(t, e.Attempts, "an outage spends no attempt")
-			assert.Nil(t, e.LockedBy)
+			assert.Empty(t, e.LeaseOwner())
 			assert.Nil(t, e.DeadAt)
 		}
 	})
@@ -462,7 +462,7 @@ func TestWorkerBuriesUnreadableRow(t *testing.T) {
 		row := outboxRow(t, db, "bad-headers")
 		assert.NotNil(t, row.DeadAt)
 		assert.False(t, row.Processed)
-		assert.Nil(t, row.LockedBy)
+		assert.Empty(t, row.LeaseOwner())
 		require.NotNil(t, row.LastError)
 		assert.Contains(t, *row.LastError, "headers")
 

@@ -110,7 +110,7 @@ func TestWorkerPublishesInOrderAndMarksProcessed(t *testing.T) {
 		for _, e := range loadEvents(t, db) {
 			assert.True(t, e.Processed)
 			assert.NotNil(t, e.ProcessedAt)
-			assert.Nil(t, e.LockedBy)
+			assert.Empty(t, e.LeaseOwner())
 			assert.Nil(t, e.LockedUntil)
 			assert.Equal(t, 1, e.Attempts)
 		}
@@ -194,7 +194,7 @@ func TestWorkerRetriesWithBackoffThenDead(t *testing.T) {
 		assert.Contains(t, *row.LastError, "broker down")
 		require.NotNil(t, row.NextAttemptAt)
 		assert.WithinDuration(t, failedAt.Add(300*time.Millisecond), *row.NextAttemptAt, 150*time.Millisecond)
-		assert.Nil(t, row.LockedBy)
+		assert.Empty(t, row.LeaseOwner())
 
 		// Not due yet: nothing is claimed.
 		n, err = w.ProcessOnce(ctx)
@@ -446,7 +446,7 @@ func TestWorkerShutdown(t *testing.T) {
 		}
 		e := loadEvents(t, db)[0]
 		assert.False(t, e.Processed)
-		assert.Nil(t, e.LockedBy, "handed back")
+		assert.Empty(t, e.LeaseOwner(), "handed back")
 		assert.Zero(t, e.Attempts, "an interrupted delivery does not count")
 		assert.Nil(t, e.LastError)
 
@@ -494,7 +494,7 @@ func workerGoroutines() int {
 // On PostgreSQL the outbox gets the storage settings claims want: from AutoMigrate, or from the first
 // run of a worker when the table was made with db.AutoMigrate; a value set by the user is kept.
 func TestPostgresStorageOptions(t *testing.T) {
-	db := setup(t, dialects[1], nil)
+	db := setupGormTable(t, dialects[1], nil)
 	reloptions := func() string {
 		var s string
 		require.NoError(t, db.Raw(`SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = 'outbox_events'::regclass`).Scan(&s).Error)
@@ -622,7 +622,7 @@ func TestPublishTimeout(t *testing.T) {
 		assert.Zero(t, n)
 		assert.Less(t, time.Since(start), 5*time.Second)
 		for _, e := range loadEvents(t, db) {
-			assert.Nil(t, e.LockedBy)
+			assert.Empty(t, e.LeaseOwner())
 			assert.Zero(t, e.Attempts, "no attempt spent")
 			assert.Nil(t, e.NextAttemptAt, "due again at once")
 			require.NotNil(t, e.LastError)

@@ -341,7 +341,7 @@ func faultRunLongTransaction(t *testing.T, name string, db *gorm.DB) {
 	}
 	var touched int64
 	if err := db.WithContext(ctx).Table(faultOutboxTable).
-		Where("id IN ? AND (processed = ? OR attempts > 0 OR locked_by IS NOT NULL)", lockedIDs, true).
+		Where("id IN ? AND (processed = ? OR attempts > 0 OR locked_by <> ?)", lockedIDs, true, outboxplugin.NoLeaseOwner).
 		Count(&touched).Error; err != nil {
 		t.Fatal(err)
 	}
