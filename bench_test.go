@@ -311,7 +311,7 @@ func openFullIndexOutbox(b *testing.B, d dialect) *gorm.DB {
 		"DROP INDEX idx_outbox_events_fullindex_processed_created_at",
 		"CREATE INDEX idx_outbox_events_fullindex_processed_created_at ON " + table + " (processed, created_at)",
 	}
-	if d.name == "mysql" {
+	if d.server() == "mysql" {
 		stmts = stmts[1:]
 	}
 	for _, stmt := range stmts {

@@ -36,8 +36,9 @@ func WithKeyOrderingIndex() MigrateOption {
 // re-typing a column: the columns of later versions (nullable or with a constant default, so that
 // adding one is a change of the catalog), the claim index, the reference index, on PostgreSQL and
 // SQLite the dead index (dead_at, id) WHERE dead_at IS NOT NULL that the Admin reads, with
-// WithKeyOrderingIndex the per-key ordering index, and the storage settings the table has no value
-// for (a value of yours is kept). It drops the pending index (created_at, id) of earlier versions,
+// WithKeyOrderingIndex the per-key ordering index, on MySQL and MariaDB the lease columns' defaults
+// (NoLeaseOwner; a change of the catalog), and the storage settings the table has no value for (a
+// value of yours is kept). It drops the pending index (created_at, id) of earlier versions,
 // which the claim index replaces. Indexes are built without holding up the table's writes:
 // CONCURRENTLY on PostgreSQL (where an INVALID index a failed build left behind is replaced), in
 // place without a lock on MySQL and MariaDB. On an up-to-date table it runs no DDL at all, so calling

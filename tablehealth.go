@@ -79,7 +79,7 @@ const tableFix = "run outboxplugin.AutoMigrate(db) or outbox migrate"
 
 // CheckTable returns what the Admin's table lacks (or keeps) that makes the relay or the Admin slower
 // than on a table made by AutoMigrate, in the order of TableWarningCode's constants; none when it is
-// as AutoMigrate makes it. It reads the database's catalog only (at most three small queries, and one
+// as AutoMigrate makes it. It reads the database's catalog only (at most four small queries, and one
 // that selects no row to make sure the table is there), never the table's rows, so it costs the same
 // on a table of ten million rows as on an empty one. A missing table is an error. Stats returns the
 // same list.
@@ -235,7 +235,7 @@ const pendingIndexCost = "every event written adds an entry to an index nothing 
 // leaseDefaultsCost is the cost of lease columns without defaults on MySQL and MariaDB
 // (BenchmarkRelayGormTable).
 const leaseDefaultsCost = "every claim makes the rows it takes longer (NULL lease columns get values), which InnoDB cannot do in place: " +
-	"a relay drains at about LEASECOST of the speed"
+	"a relay drains the table at about 0.85 of the speed (0.84 to 0.89 with one or two workers, two runs)"
 
 // deadIndexCost is the cost of the missing dead index on the database (BenchmarkAdminGormTable).
 func deadIndexCost(dialect string) string {

@@ -167,7 +167,7 @@ func TestStatusTableWarnings(t *testing.T) {
 	want := map[string][]string{
 		"postgres": {"storage_settings", "reference_index", "dead_index"},
 		"sqlite":   {"reference_index", "dead_index"},
-		"mysql":    {},
+		"mysql":    {"lease_defaults"},
 	}
 	forEachDB(t, func(t *testing.T, d *testDB) {
 		if err := d.db.AutoMigrate(&outboxplugin.OutboxEvent{}); err != nil {
