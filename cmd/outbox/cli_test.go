@@ -95,7 +95,7 @@ func TestMigrateDryRunWithoutADatabase(t *testing.T) {
 		}
 	}
 	r = ok(t, "migrate", "--dry-run", "--dialect", "postgres", "--format", "goose")
-	if n := strings.Count(r.stdout, "-- ==> "); n != 8 {
+	if n := strings.Count(r.stdout, "-- ==> "); n != 9 {
 		t.Errorf("--format goose printed %d files:\n%s", n, r.stdout)
 	}
 	if n := strings.Count(r.stdout, "-- +goose NO TRANSACTION"); n != 3 {
@@ -104,12 +104,16 @@ func TestMigrateDryRunWithoutADatabase(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "migrations")
 	r = ok(t, "migrate", "--dry-run", "--dialect", "mariadb", "--format", "golang-migrate", "--table", "events", "--output", dir)
 	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != 16 {
-		t.Fatalf("--output wrote %d files (%v), want 16:\n%s", len(entries), err, r.stdout)
+	if err != nil || len(entries) != 18 {
+		t.Fatalf("--output wrote %d files (%v), want 18:\n%s", len(entries), err, r.stdout)
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "000003_claim_index.up.sql"))
 	if err != nil || !strings.Contains(string(b), "ALTER TABLE `events` ADD INDEX `idx_events_claim`") {
 		t.Errorf("000003_claim_index.up.sql: %v\n%s", err, b)
+	}
+	b, err = os.ReadFile(filepath.Join(dir, "000009_mysql_lease_defaults.up.sql"))
+	if err != nil || !strings.Contains(string(b), "ALTER TABLE `events` ALTER COLUMN locked_by SET DEFAULT '"+outboxplugin.NoLeaseOwner+"'") {
+		t.Errorf("000009_mysql_lease_defaults.up.sql: %v\n%s", err, b)
 	}
 	for _, args := range [][]string{
 		{"migrate", "--dialect", "postgres"},                                    // not a dry run
