@@ -15,6 +15,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
@@ -272,7 +273,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 		st.Leased += nLeased.Int64
 		st.Waiting += nWaiting.Int64
 		if oldest != nil {
-			t, err := asTime(oldest)
+			t, err := dbtime.FromColumn(oldest)
 			if err != nil {
 				rows.Close()
 				return fail(fmt.Errorf("created_at: %w", err))
@@ -763,7 +764,7 @@ func (a *Admin) nthRow(ctx context.Context, query string, args ...any) (*pageCur
 			c       pageCursor
 		)
 		if err = rows.Scan(&created, &c.id); err == nil {
-			c.createdAt, err = asTime(created)
+			c.createdAt, err = dbtime.FromColumn(created)
 		}
 		cut = &c
 	}
@@ -853,14 +854,14 @@ func (a *Admin) scanEvents(ctx context.Context, at time.Time, query string, args
 			v   any
 			dst **time.Time
 		}{{processedAt, &e.ProcessedAt}, {nextAt, &e.NextAttemptAt}, {deadAt, &e.DeadAt}, {lockedUntil, &e.LockedUntil}}
-		if e.CreatedAt, terr = asTime(created); terr != nil {
+		if e.CreatedAt, terr = dbtime.FromColumn(created); terr != nil {
 			return nil, fmt.Errorf("event %d: created_at: %w", e.ID, terr)
 		}
 		for _, t := range times {
 			if t.v == nil {
 				continue
 			}
-			v, err := asTime(t.v)
+			v, err := dbtime.FromColumn(t.v)
 			if err != nil {
 				return nil, fmt.Errorf("event %d: %w", e.ID, err)
 			}

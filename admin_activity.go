@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 )
 
 // DeadGroup is the dead events that failed with one error text: of one event type (DeadGroups), or of
@@ -87,8 +89,8 @@ func (a *Admin) deadGroups(ctx context.Context, byType bool, limit int) ([]DeadG
 			rows.Close()
 			return nil, false, err
 		}
-		if g.FirstDead, err = asTime(first); err == nil {
-			g.LastDead, err = asTime(last)
+		if g.FirstDead, err = dbtime.FromColumn(first); err == nil {
+			g.LastDead, err = dbtime.FromColumn(last)
 		}
 		if err != nil {
 			rows.Close()
@@ -217,12 +219,12 @@ func (a *Admin) Activity(ctx context.Context, n int, interval time.Duration) (Ac
 		if published == nil {
 			continue
 		}
-		c, err := asTime(created)
+		c, err := dbtime.FromColumn(created)
 		if err != nil {
 			rows.Close()
 			return fail(err)
 		}
-		p, err := asTime(published)
+		p, err := dbtime.FromColumn(published)
 		if err != nil {
 			rows.Close()
 			return fail(err)

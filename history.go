@@ -13,6 +13,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
+
+	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 )
 
 // An event's failure history: the last few attempts that failed, kept with the event in its
@@ -101,7 +103,7 @@ func (h AttemptHistory) Attempts() ([]Attempt, error) {
 		if s.At != "" {
 			// Written by Go (RFC 3339) or, for an unfinished delivery, from the lease expiry in the
 			// database's own text for a time.
-			t, err := parseStoredTime(s.At)
+			t, err := dbtime.Parse(s.At)
 			if err != nil {
 				return nil, fmt.Errorf("outboxplugin: attempt history: entry %d: %w", i, err)
 			}

@@ -15,6 +15,8 @@ import (
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+
+	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 )
 
 // The relay's SQL, per database, in one place. The text is built once per worker, with the dialect's
@@ -592,7 +594,7 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool,
 				r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
 			}
 		}
-		if t, err := asTime(created); err != nil {
+		if t, err := dbtime.FromColumn(created); err != nil {
 			r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
 		} else {
 			m.CreatedAt = t
@@ -622,37 +624,6 @@ func claimedBefore(a, b claimedRow) bool {
 		return a.msg.CreatedAt.Before(b.msg.CreatedAt)
 	}
 	return a.id < b.id
-}
-
-// asTime reads a time column: drivers return time.Time, SQLite's RETURNING gives the stored text.
-func asTime(v any) (time.Time, error) {
-	switch t := v.(type) {
-	case time.Time:
-		return t.UTC(), nil
-	case string:
-		return parseStoredTime(t)
-	case []byte:
-		return parseStoredTime(string(t))
-	}
-	return time.Time{}, fmt.Errorf("unexpected %T", v)
-}
-
-// storedTimeLayouts are the text forms SQLite drivers write times in.
-var storedTimeLayouts = []string{
-	"2006-01-02 15:04:05.999999999-07:00",
-	"2006-01-02T15:04:05.999999999-07:00",
-	"2006-01-02 15:04:05.999999999",
-	"2006-01-02T15:04:05.999999999",
-	time.RFC3339Nano,
-}
-
-func parseStoredTime(s string) (time.Time, error) {
-	for _, layout := range storedTimeLayouts {
-		if t, err := time.Parse(layout, s); err == nil {
-			return t.UTC(), nil
-		}
-	}
-	return time.Time{}, fmt.Errorf("cannot parse %q", s)
 }
 
 func rowIDs(rows []claimedRow) []int64 {
@@ -897,7 +868,7 @@ func (q *relaySQL) backlog(ctx context.Context, at time.Time) (backlogCounts, er
 		if v == nil {
 			continue
 		}
-		t, err := asTime(v)
+		t, err := dbtime.FromColumn(v)
 		if err != nil {
 			return c, fmt.Errorf("oldest created_at: %w", err)
 		}
