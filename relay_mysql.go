@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlerr"
 )
 
 // mysqlRelay is the relay's SQL on MySQL and MariaDB, which have no UPDATE … RETURNING and cannot
@@ -433,7 +435,7 @@ func (*mysqlRelay) txSetup(time.Duration) string { return "" }
 
 // unknownSetting: error 1193, an unknown system variable.
 func (*mysqlRelay) unknownSetting(err error) bool {
-	n, ok := mysqlErrorNumber(err)
+	n, ok := sqlerr.MySQLNumber(err)
 	return ok && n == 1193
 }
 

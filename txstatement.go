@@ -2,7 +2,6 @@ package outboxplugin
 
 import (
 	"database/sql"
-	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -254,45 +253,4 @@ func (r *preparedTxStatements) lookup(stmt *sql.Stmt) (txStatement, bool) {
 		return txStatement{}, false
 	}
 	return v.(txStatement), true
-}
-
-// mysqlErrorNumber returns the server's error number of a MySQL or MariaDB error in err's chain
-// (go-sql-driver's *mysql.MySQLError, read by its shape so that the core module does not depend on
-// the driver).
-func mysqlErrorNumber(err error) (uint16, bool) {
-	for _, e := range errorChain(err) {
-		v := reflect.ValueOf(e)
-		if v.Kind() == reflect.Pointer {
-			v = v.Elem()
-		}
-		if v.Kind() != reflect.Struct || v.Type().Name() != "MySQLError" {
-			continue
-		}
-		if f := v.FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
-			return uint16(f.Uint()), true
-		}
-	}
-	return 0, false
-}
-
-// errorChain lists err and every error it wraps, depth first.
-func errorChain(err error) []error {
-	var out []error
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil || len(out) > 64 {
-			return
-		}
-		out = append(out, e)
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
-				walk(x)
-			}
-		}
-	}
-	walk(err)
-	return out
 }

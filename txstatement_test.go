@@ -1,7 +1,6 @@
 package outboxplugin
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 )
@@ -72,27 +71,3 @@ func TestParseTxStatement(t *testing.T) {
 		})
 	}
 }
-
-// A MySQL error number is found wherever the driver's error sits in the chain, and nothing is found
-// in an error that carries none.
-func TestMySQLErrorNumber(t *testing.T) {
-	wrapped := fmt.Errorf("outboxplugin: update User: %w", errors.Join(errors.New("other"), fmt.Errorf("x: %w", &MySQLError{Number: 1213})))
-	if n, ok := mysqlErrorNumber(wrapped); !ok || n != 1213 {
-		t.Errorf("mysqlErrorNumber(wrapped) = %d, %v; want 1213, true", n, ok)
-	}
-	if _, ok := mysqlErrorNumber(errors.New("Error 1213: not a driver error")); ok {
-		t.Error("a message that merely looks like one is not a MySQL error")
-	}
-	if _, ok := mysqlErrorNumber(nil); ok {
-		t.Error("nil is not a MySQL error")
-	}
-}
-
-// MySQLError has the shape of go-sql-driver's *mysql.MySQLError.
-type MySQLError struct {
-	Number   uint16
-	SQLState [5]byte
-	Message  string
-}
-
-func (e *MySQLError) Error() string { return fmt.Sprintf("Error %d: %s", e.Number, e.Message) }

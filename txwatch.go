@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/sqlerr"
 )
 
 // The transaction watch. db.Use wraps the database's connection pool, so that the plugin sees the
@@ -696,7 +698,7 @@ func (t *watchedTx) observe(err error) {
 	if err == nil || t.cw.dialect != "mysql" {
 		return
 	}
-	code, ok := mysqlErrorNumber(err)
+	code, ok := sqlerr.MySQLNumber(err)
 	if !ok {
 		return
 	}
