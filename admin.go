@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
@@ -36,7 +37,7 @@ import (
 // Events still to be delivered and dead events are read in full (they are the backlog, and a healthy
 // outbox keeps few); processed events only ever page by page, or counted approximately.
 type Admin struct {
-	q       *relaySQL
+	q       *store.Store
 	dialect string
 	table   string // unquoted, as given
 	db      *gorm.DB
@@ -90,7 +91,7 @@ func NewAdmin(db *gorm.DB, opts ...AdminOption) (*Admin, error) {
 		}
 	}
 	db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
-	q, err := newRelaySQL(db, cfg.table, false, DefaultBatchSize, 0, DefaultLease)
+	q, err := newStore(db, cfg.table, false, DefaultBatchSize, 0, DefaultLease)
 	if err != nil {
 		return fail(err)
 	}
@@ -235,7 +236,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	fail := func(err error) (Stats, error) {
 		return Stats{}, fmt.Errorf("outboxplugin: Stats of %s: %w", a.table, err)
 	}
-	st := Stats{Table: a.table, At: a.q.d.clock(now())}
+	st := Stats{Table: a.table, At: a.q.Clock(now())}
 	byType := map[string]*TypeStats{}
 	typeOf := func(name string) *TypeStats {
 		t := byType[name]
@@ -250,7 +251,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	// error), which the count reads anyway.
 	query := `SELECT c.event_type, COUNT(*), SUM(CASE WHEN ` + leasedCond + ` THEN 1 ELSE 0 END), ` +
 		`SUM(CASE WHEN ` + waitingCond + ` THEN 1 ELSE 0 END), SUM(CASE WHEN ` + scheduledCond + ` THEN 1 ELSE 0 END), ` +
-		`MIN(CASE WHEN ` + scheduledCond + ` THEN NULL ELSE c.created_at END) FROM ` + a.q.table + ` c ` +
+		`MIN(CASE WHEN ` + scheduledCond + ` THEN NULL ELSE c.created_at END) FROM ` + a.q.Table() + ` c ` +
 		`WHERE ` + liveGroup + ` GROUP BY c.event_type`
 	rows, err := a.query(ctx, query, st.At, st.At, st.At, st.At, st.At, st.At, st.At)
 	if err != nil {
@@ -292,7 +293,7 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	}
 
 	// The dead index (PostgreSQL, SQLite), or the claim index's leading columns (MySQL).
-	rows, err = a.query(ctx, `SELECT c.event_type, COUNT(*) FROM `+a.q.table+` c WHERE `+deadGroup+` GROUP BY c.event_type`)
+	rows, err = a.query(ctx, `SELECT c.event_type, COUNT(*) FROM `+a.q.Table()+` c WHERE `+deadGroup+` GROUP BY c.event_type`)
 	if err != nil {
 		return fail(err)
 	}
@@ -388,7 +389,7 @@ func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, 
 	if a.dialect == "sqlite" {
 		limit = "" // no estimate to fall back on: count them all
 	}
-	if err := a.q.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM `+a.q.table+` c WHERE `+a.processedGroup()+limit+`) x`).Scan(&n); err != nil {
+	if err := a.q.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM `+a.q.Table()+` c WHERE `+a.processedGroup()+limit+`) x`).Scan(&n); err != nil {
 		return 0, false, err
 	}
 	if limit == "" || n <= ExactProcessedLimit {
@@ -399,7 +400,7 @@ func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, 
 		// The partial index holds the processed rows only: its reltuples is their count as of the
 		// last VACUUM or ANALYZE (autovacuum keeps it close). -1: never measured.
 		var est sql.NullFloat64
-		err := a.q.db.QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`,
+		err := a.q.DB().QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`,
 			pgIndexRef(a.table, gormIndexName(a.db, a.table, "processed_created_at"))).Scan(&est)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, false, err
@@ -416,7 +417,7 @@ func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, 
 			schema, name = name[:i], name[i+1:]
 		}
 		var est sql.NullInt64
-		err := a.q.db.QueryRowContext(ctx, `SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`,
+		err := a.q.DB().QueryRowContext(ctx, `SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?`,
 			schema, name).Scan(&est)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, false, err
@@ -588,7 +589,7 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 	if err := checkFilterText(f); err != nil {
 		return nil, nil, err
 	}
-	at := a.q.d.clock(now())
+	at := a.q.Clock(now())
 	processedGroup := a.processedGroup()
 	var groups []string
 	switch state {
@@ -689,7 +690,7 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 			// the order is the same). MariaDB would sort if it named them.
 			order = `c.processed ` + dir + `, c.dead_at ` + dir + `, c.next_attempt_at ` + dir + `, ` + order
 		}
-		indexed := `SELECT ` + adminColumns + ` FROM ` + a.q.table + ` c WHERE ` + strings.Join(where, " AND ")
+		indexed := `SELECT ` + adminColumns + ` FROM ` + a.q.Table() + ` c WHERE ` + strings.Join(where, " AND ")
 		// Processed rows searched for a filter their index does not hold: the first MaxProcessedScan
 		// rows of the index range, in order (a scan that stops there), filtered; a rare type then
 		// costs a bounded read per page instead of the whole table.
@@ -712,7 +713,7 @@ func (a *Admin) selectEvents(ctx context.Context, f EventFilter, after *pageCurs
 		if bounded && len(evs) < limit {
 			// The page is not full: did the scan stop at MaxProcessedScan rows? Then its last row is
 			// where the search got to.
-			if cut, err = a.nthRow(ctx, `SELECT c.created_at, c.id FROM `+a.q.table+` c WHERE `+strings.Join(where, " AND ")+
+			if cut, err = a.nthRow(ctx, `SELECT c.created_at, c.id FROM `+a.q.Table()+` c WHERE `+strings.Join(where, " AND ")+
 				` ORDER BY `+order+` LIMIT 1 OFFSET `+strconv.Itoa(MaxProcessedScan-1), args...); err != nil {
 				return nil, nil, err
 			}
@@ -899,8 +900,8 @@ func eventStateAt(processed bool, e EventInfo, failed bool, at time.Time) EventS
 
 // query runs a statement of the Admin with the dialect's bind variables.
 func (a *Admin) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	query, args = a.q.d.literal(a.q.bind(query), args)
-	return a.q.db.QueryContext(ctx, query, args...)
+	query, args = a.q.Literal(a.q.Bind(query), args)
+	return a.q.DB().QueryContext(ctx, query, args...)
 }
 
 // pageCursor is where a page ended: the last event's creation time and id.
@@ -999,7 +1000,7 @@ func (a *Admin) Cleanup(ctx context.Context, olderThan time.Duration) (int64, er
 	cutoff := now().Add(-olderThan)
 	var total int64
 	for {
-		n, err := a.q.cleanupChunk(ctx, a.q.db, cutoff, cleanupChunk)
+		n, err := a.q.CleanupChunk(ctx, a.q.DB(), cutoff, cleanupChunk)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("outboxplugin: Cleanup of %s: %w", a.table, err)
@@ -1091,15 +1092,15 @@ const adminChunk = 1000
 // requeueIDs makes the dead or waiting rows among ids due now. The condition is checked again in the
 // UPDATE: a row a worker leased since it was read is not touched, nor a scheduled one.
 func (a *Admin) requeueIDs(ctx context.Context, ids []int64) (int64, error) {
-	at := a.q.d.clock(now())
-	return a.q.exec(ctx, a.q.db, `UPDATE `+a.q.table+` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE `, nil, ids,
+	at := a.q.Clock(now())
+	return a.q.Exec(ctx, a.q.DB(), `UPDATE `+a.q.Table()+` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE `, nil, ids,
 		` AND processed = false AND (dead_at IS NOT NULL OR `+bareCond(waitingCond)+`)`, at, at)
 }
 
 // deliverNowIDs makes the scheduled rows among ids due now, checked again in the UPDATE.
 func (a *Admin) deliverNowIDs(ctx context.Context, ids []int64) (int64, error) {
-	at := a.q.d.clock(now())
-	return a.q.exec(ctx, a.q.db, `UPDATE `+a.q.table+` SET next_attempt_at = NULL WHERE `, nil, ids,
+	at := a.q.Clock(now())
+	return a.q.Exec(ctx, a.q.DB(), `UPDATE `+a.q.Table()+` SET next_attempt_at = NULL WHERE `, nil, ids,
 		` AND processed = false AND dead_at IS NULL AND `+bareCond(scheduledCond), at, at)
 }
 
@@ -1108,5 +1109,5 @@ func bareCond(cond string) string { return strings.ReplaceAll(cond, "c.", "") }
 
 // discardIDs deletes the dead rows among ids.
 func (a *Admin) discardIDs(ctx context.Context, ids []int64) (int64, error) {
-	return a.q.exec(ctx, a.q.db, `DELETE FROM `+a.q.table+` WHERE `, nil, ids, ` AND processed = false AND dead_at IS NOT NULL`)
+	return a.q.Exec(ctx, a.q.DB(), `DELETE FROM `+a.q.Table()+` WHERE `, nil, ids, ` AND processed = false AND dead_at IS NOT NULL`)
 }

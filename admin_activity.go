@@ -75,7 +75,7 @@ func (a *Admin) deadGroups(ctx context.Context, byType bool, limit int) ([]DeadG
 		eventType, types, key = `''`, `COUNT(DISTINCT c.event_type)`, `COALESCE(c.last_error, '')`
 	}
 	rows, err := a.query(ctx, `SELECT `+eventType+`, COALESCE(c.last_error, ''), COUNT(*), `+types+`, MIN(c.dead_at), MAX(c.dead_at) FROM `+
-		a.q.table+` c WHERE `+deadGroup+` GROUP BY `+key+` ORDER BY COUNT(*) DESC, `+key+` LIMIT `+strconv.Itoa(limit+1))
+		a.q.Table()+` c WHERE `+deadGroup+` GROUP BY `+key+` ORDER BY COUNT(*) DESC, `+key+` LIMIT `+strconv.Itoa(limit+1))
 	if err != nil {
 		return nil, false, err
 	}
@@ -179,14 +179,14 @@ func (a *Admin) Activity(ctx context.Context, n int, interval time.Duration) (Ac
 	if n < 1 || n > maxActivityIntervals || interval < time.Second {
 		return fail(fmt.Errorf("%w: %d intervals of %v: want 1..%d intervals of at least 1s", ErrInvalidFilter, n, interval, maxActivityIntervals))
 	}
-	at := a.q.d.clock(now())
+	at := a.q.Clock(now())
 	act := Activity{At: at, Interval: interval, Start: at.Truncate(interval).Add(-time.Duration(n-1) * interval),
 		Published: make([]int64, n), AtLeast: make([]bool, n)}
 	processed := a.processedGroup()
 	if a.dialect == "postgres" {
 		processed += ` AND c.processed IS TRUE` // an index condition again (see selectEvents)
 	}
-	count := `SELECT COUNT(*) FROM (SELECT 1 FROM ` + a.q.table + ` c WHERE ` + processed +
+	count := `SELECT COUNT(*) FROM (SELECT 1 FROM ` + a.q.Table() + ` c WHERE ` + processed +
 		` AND c.created_at >= ? AND c.created_at < ? LIMIT ` + strconv.Itoa(ActivityIntervalLimit+1) + `) x`
 	for i := range n {
 		from := act.Start.Add(time.Duration(i) * interval)
@@ -204,7 +204,7 @@ func (a *Admin) Activity(ctx context.Context, n int, interval time.Duration) (Ac
 		act.Published[i], act.AtLeast[i] = min(c, ActivityIntervalLimit), c > ActivityIntervalLimit
 	}
 
-	rows, err := a.query(ctx, `SELECT c.created_at, c.processed_at FROM `+a.q.table+` c WHERE `+processed+
+	rows, err := a.query(ctx, `SELECT c.created_at, c.processed_at FROM `+a.q.Table()+` c WHERE `+processed+
 		` ORDER BY c.created_at DESC LIMIT `+strconv.Itoa(ActivityLagSample))
 	if err != nil {
 		return fail(err)

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // Recording what became of a batch: decide (outcome.go) says what to write for each row, and the
@@ -53,15 +55,15 @@ func (w *Worker) finishCarried(ctx context.Context, b *carriedBatch) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	start := time.Now()
-	n, err := w.sql.markDone(fctx, w.sql.db, w.owner, d, w.cfg.deleteOnPublish)
+	n, err := w.sql.MarkDone(fctx, w.sql.DB(), w.owner, d, w.cfg.deleteOnPublish)
 	if err != nil {
 		// The rows stay leased and are published again once the lease ends: a duplicate, not a loss.
 		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark published events done; they will be published again",
-			slog.String("worker", w.owner), slog.Int("events", len(d.ids)), slog.Any("error", err))
+			slog.String("worker", w.owner), slog.Int("events", len(d.IDs)), slog.Any("error", err))
 		return
 	}
 	b.res.FinishDuration = time.Since(start)
-	w.noteLeaseLost(ctx, &b.res, len(d.ids), n)
+	w.noteLeaseLost(ctx, &b.res, len(d.IDs), n)
 	w.batchDone(ctx, b.res)
 }
 
@@ -80,37 +82,37 @@ func (w *Worker) noteLeaseLost(ctx context.Context, res *BatchResult, published 
 // for retry or dead, rows not delivered handed back. Several statements run in one transaction; one
 // runs alone. With handBack (the lease ran out), as when the worker is stopping, the rows not
 // delivered are handed back with their attempt given back and nothing recorded against them.
-func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, res *BatchResult, handBack bool) (outcome, error) {
+func (w *Worker) finish(ctx context.Context, rows []store.Row, out []delivery, res *BatchResult, handBack bool) (outcome, error) {
 	now := w.wallClock(time.Now())
 	o := decide(rows, out, ctx.Err() != nil || handBack, w.cfg.maxAttempts, w.cfg.retry, now)
 	for _, r := range o.done {
-		res.Published = append(res.Published, r.msg)
+		res.Published = append(res.Published, Message(r.Msg))
 	}
 	res.Failed = o.failed
 	res.NotDelivered = o.unsent
 	res.Released = o.stopped
 
 	var marked int64
-	var steps []func(context.Context, execer) error
+	var steps []func(context.Context, store.Execer) error
 	if len(o.done) > 0 {
-		steps = append(steps, func(ctx context.Context, ex execer) (err error) {
-			marked, err = w.sql.markDone(ctx, ex, w.owner, doneBatch{ids: rowIDs(o.done), ctids: rowCtids(o.done), now: now}, w.cfg.deleteOnPublish)
+		steps = append(steps, func(ctx context.Context, ex store.Execer) (err error) {
+			marked, err = w.sql.MarkDone(ctx, ex, w.owner, store.Done{IDs: store.RowIDs(o.done), Ctids: store.RowCtids(o.done), Now: now}, w.cfg.deleteOnPublish)
 			return err
 		})
 	}
 	for _, g := range o.retries {
-		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markRetry(ctx, ex, w.owner, g.ids, g.err, now, g.next.Sub(now), g.attempt)
+		steps = append(steps, func(ctx context.Context, ex store.Execer) error {
+			return w.sql.MarkRetry(ctx, ex, w.owner, g.ids, g.err, now, g.next.Sub(now), g.attempt)
 		})
 	}
 	for _, d := range o.dead {
-		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.markDead(ctx, ex, w.owner, []int64{d.id}, d.err, now, d.attempt)
+		steps = append(steps, func(ctx context.Context, ex store.Execer) error {
+			return w.sql.MarkDead(ctx, ex, w.owner, []int64{d.id}, d.err, now, d.attempt)
 		})
 	}
 	for _, g := range groupReleased(o.released) {
-		steps = append(steps, func(ctx context.Context, ex execer) error {
-			return w.sql.release(ctx, ex, w.owner, g.ids, g.err)
+		steps = append(steps, func(ctx context.Context, ex store.Execer) error {
+			return w.sql.Release(ctx, ex, w.owner, g.ids, g.err)
 		})
 	}
 
@@ -119,9 +121,9 @@ func (w *Worker) finish(ctx context.Context, rows []claimedRow, out []delivery, 
 	defer cancel()
 	var err error
 	if len(steps) == 1 {
-		err = steps[0](fctx, w.sql.db)
+		err = steps[0](fctx, w.sql.DB())
 	} else {
-		err = w.sql.inTx(fctx, func(tx *sql.Tx) error {
+		err = w.sql.InTx(fctx, func(tx *sql.Tx) error {
 			for _, step := range steps {
 				if err := step(fctx, tx); err != nil {
 					return err

@@ -28,11 +28,11 @@ func UseLockedWrites(p *Plugin) { p.lockedWrites = true }
 // HoldCleanupLock takes the table's cleanup lock as w's periodic cleanup does, on a connection of its
 // own, and returns the function that lets go of it; got is false when another holds it.
 func HoldCleanupLock(ctx context.Context, w *Worker) (release func(), got bool, err error) {
-	conn, err := w.sql.db.Conn(ctx)
+	conn, err := w.sql.DB().Conn(ctx)
 	if err != nil {
 		return nil, false, err
 	}
-	unlock, got, err := w.sql.tryCleanupLock(ctx, conn)
+	unlock, got, err := w.sql.TryCleanupLock(ctx, conn)
 	if err != nil || !got {
 		_ = conn.Close()
 		return nil, got, err
@@ -47,22 +47,14 @@ func CleanupTurn(ctx context.Context, w *Worker, olderThan time.Duration) (delet
 
 // UseClaimIsolation sets the isolation level of w's MySQL/MariaDB claim transactions (by default the
 // server's, REPEATABLE READ), so that benchmarks can compare levels.
-func UseClaimIsolation(w *Worker, level sql.IsolationLevel) {
-	if d, ok := w.sql.d.(*mysqlRelay); ok {
-		d.tx = &sql.TxOptions{Isolation: level}
-	}
-}
+func UseClaimIsolation(w *Worker, level sql.IsolationLevel) { w.sql.SetClaimIsolation(level) }
 
 // UseAfterClaimLock makes w's MySQL/MariaDB claims call fn between taking their row locks and stamping
 // the rows, so that a test can cut the relay off there.
-func UseAfterClaimLock(w *Worker, fn func()) {
-	if d, ok := w.sql.d.(*mysqlRelay); ok {
-		d.afterLock = fn
-	}
-}
+func UseAfterClaimLock(w *Worker, fn func()) { w.sql.SetAfterClaimLock(fn) }
 
 // ClaimRetryable reports whether w runs a claim that failed with err again at once.
-func ClaimRetryable(w *Worker, err error) bool { return w.sql.d.retryable(err) }
+func ClaimRetryable(w *Worker, err error) bool { return w.sql.Retryable(err) }
 
 // NotifiesSent is how many wake-up NOTIFYs the plugin sent after commits on db's pool (0 when it
 // watches no commits there).
@@ -85,7 +77,7 @@ func UsePerStatementInserts(p *Plugin) { p.perStatementInserts = true }
 // RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
 // writes into the text as literals.
 func RelayLiteral(w *Worker, query string, args ...any) (string, []any) {
-	return w.sql.d.literal(query, args)
+	return w.sql.Literal(query, args)
 }
 
 // UseClockSkew sets w's wall clock off by skew, as on a host whose clock is wrong: the time it gives

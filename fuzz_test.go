@@ -28,6 +28,8 @@ import (
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // fuzzStrings are seeds for every string argument: escapes, HTML characters (escaped by
@@ -306,12 +308,12 @@ func FuzzKeys(f *testing.F) {
 			t.Fatalf("composite %q reads back as %#v, want %#v", composite, parts, want)
 		}
 
-		key := messageKey(a, b)
+		key := store.MessageKey(a, b)
 		if (a == "" && b == "") != (key == "") {
-			t.Fatalf("messageKey(%q, %q) = %q: empty exactly when the aggregate is", a, b, key)
+			t.Fatalf("store.MessageKey(%q, %q) = %q: empty exactly when the aggregate is", a, b, key)
 		}
 		if key != "" && key != a+":"+b {
-			t.Fatalf("messageKey(%q, %q) = %q", a, b, key)
+			t.Fatalf("store.MessageKey(%q, %q) = %q", a, b, key)
 		}
 	})
 }
@@ -363,7 +365,7 @@ func FuzzHeaderList(f *testing.F) {
 	f.Fuzz(func(t *testing.T, k1, v1, k2, v2, id, eventType, aggType, aggID string, attempt int, nanos int64) {
 		m := Message{
 			ID: id, EventType: eventType, AggregateType: aggType, AggregateID: aggID,
-			Key: messageKey(aggType, aggID), Headers: map[string]string{k1: v1, k2: v2},
+			Key: store.MessageKey(aggType, aggID), Headers: map[string]string{k1: v1, k2: v2},
 			CreatedAt: time.Unix(0, nanos), Attempt: attempt,
 		}
 		list := m.HeaderList()

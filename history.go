@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm/schema"
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // An event's failure history: the last few attempts that failed, kept with the event in its
@@ -71,7 +72,7 @@ type Attempt struct {
 
 // Unfinished reports whether the attempt is a delivery that never recorded an outcome: its relay
 // died, or stalled past its lease, and another relay took the event over.
-func (a Attempt) Unfinished() bool { return a.Error == unfinishedDelivery }
+func (a Attempt) Unfinished() bool { return a.Error == store.UnfinishedDelivery }
 
 // storedAttempt is an entry of the attempt_history column.
 type storedAttempt struct {
@@ -185,8 +186,8 @@ func failedAttempt(at time.Time, number int, err error, took time.Duration) atte
 	return attemptRecord{at: at, number: number, err: boundAttemptError(text), took: took}
 }
 
-// entry is the record as the JSON object the column keeps.
-func (r attemptRecord) entry(worker string) string {
+// Entry is the record as the JSON object the column keeps.
+func (r attemptRecord) Entry(worker string) string {
 	ms := float64(r.took.Microseconds()) / 1000
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)

@@ -78,7 +78,7 @@ func TestCutTextCutsOnARuneBoundary(t *testing.T) {
 func TestAttemptRecordRoundTrips(t *testing.T) {
 	at := time.Date(2025, 1, 2, 3, 4, 5, 123456789, time.UTC)
 	rec := failedAttempt(at, 3, errors.New(`refused: <"x"> & more`), 12345*time.Microsecond)
-	h := AttemptHistory("[" + rec.entry("relay-1") + "]")
+	h := AttemptHistory("[" + rec.Entry("relay-1") + "]")
 	got, err := h.Attempts()
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin"
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // A worker's id is always 32 bytes, the size of the placeholder a new row's locked_by holds on MySQL
@@ -20,6 +21,7 @@ import (
 func TestWorkerIDHasTheWidthOfTheLeasePlaceholder(t *testing.T) {
 	width := len(outboxplugin.NoLeaseOwner)
 	require.Equal(t, strings.Repeat(" ", 32), outboxplugin.NoLeaseOwner)
+	require.Equal(t, outboxplugin.NoLeaseOwner, store.NoLeaseOwner, "the relay's statements compare with the same placeholder")
 	for _, c := range []struct {
 		host   string
 		pid    int

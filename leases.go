@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // Lease renewal. A claim leases its rows for the lease (WithLease, default 5 s), not for as long as a
@@ -46,8 +48,8 @@ type leaseKeeper struct {
 }
 
 // hold starts renewing the lease of rows, claimed at claimed and leased until until.
-func (w *Worker) hold(rows []claimedRow, claimed, until time.Time) *heldLease {
-	h := &heldLease{ids: rowIDs(rows), until: until, renewUntil: claimed.Add(2*w.cfg.publishTimeout + w.cfg.lease)}
+func (w *Worker) hold(rows []store.Row, claimed, until time.Time) *heldLease {
+	h := &heldLease{ids: store.RowIDs(rows), until: until, renewUntil: claimed.Add(2*w.cfg.publishTimeout + w.cfg.lease)}
 	k := &w.leases
 	k.mu.Lock()
 	k.held = append(k.held, h)
@@ -64,7 +66,7 @@ func (w *Worker) leaseEnd(h *heldLease) time.Time {
 
 // drop stops renewing h, and gives rows (those of h, or nil) the ctids renewals moved them to; after it
 // returns, no renewal touches h's rows. It may be called again.
-func (w *Worker) drop(h *heldLease, rows []claimedRow) {
+func (w *Worker) drop(h *heldLease, rows []store.Row) {
 	if h == nil {
 		return
 	}
@@ -80,8 +82,8 @@ func (w *Worker) drop(h *heldLease, rows []claimedRow) {
 		h.expire = nil
 	}
 	for i := range rows {
-		if ctid, ok := h.moved[rows[i].id]; ok {
-			rows[i].ctid = ctid
+		if ctid, ok := h.moved[rows[i].ID]; ok {
+			rows[i].Ctid = ctid
 		}
 	}
 }
@@ -161,7 +163,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	until := sent.Add(w.cfg.lease) // the database's new lease starts no earlier than the renewal is sent
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.lease/3)
 	defer cancel()
-	moved, n, err := w.sql.renew(rctx, w.owner, ids, w.wallClock(sent))
+	moved, n, err := w.sql.Renew(rctx, w.owner, ids, w.wallClock(sent))
 	if err != nil {
 		if ctx.Err() == nil {
 			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not renew the lease of events in flight; their publish stops when the lease runs out",

@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 )
 
 // Maintenance runs beside Run's publishing loop, on a goroutine of its own, so that it never delays a
@@ -52,7 +55,7 @@ func (w *Worker) maintain(ctx context.Context) {
 		}
 		if backlog && !now.Before(nextBacklog) {
 			nextBacklog = now.Add(w.cfg.backlogEvery)
-			if c, err := w.sql.backlog(ctx, now); err == nil {
+			if c, err := w.backlog(ctx, now); err == nil {
 				w.cfg.observer.Backlog(ctx, c.pending)
 				if o, ok := w.cfg.observer.(BacklogAgeObserver); ok {
 					o.OldestPending(ctx, c.oldest)
@@ -115,13 +118,13 @@ func (w *Worker) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 // takes the table's cleanup lock, and does nothing (ran = false) when another relay holds it; paced, it
 // pauses between chunks.
 func (w *Worker) cleanupOnce(ctx context.Context, olderThan time.Duration, exclusive bool) (deleted int64, ran bool, err error) {
-	conn, err := w.sql.db.Conn(ctx)
+	conn, err := w.sql.DB().Conn(ctx)
 	if err != nil {
 		return 0, false, fmt.Errorf("outboxplugin: cleanup: %w", err)
 	}
 	defer conn.Close()
 	if exclusive {
-		release, got, err := w.sql.tryCleanupLock(ctx, conn)
+		release, got, err := w.sql.TryCleanupLock(ctx, conn)
 		if err != nil {
 			return 0, false, fmt.Errorf("outboxplugin: cleanup lock: %w", err)
 		}
@@ -136,7 +139,7 @@ func (w *Worker) cleanupOnce(ctx context.Context, olderThan time.Duration, exclu
 			return deleted, true, err
 		}
 		start := time.Now()
-		n, err := w.sql.cleanupChunk(ctx, conn, cutoff, cleanupChunk)
+		n, err := w.sql.CleanupChunk(ctx, conn, cutoff, cleanupChunk)
 		deleted += n
 		if err != nil {
 			return deleted, true, fmt.Errorf("outboxplugin: cleanup: %w", err)
@@ -156,12 +159,57 @@ func (w *Worker) cleanupOnce(ctx context.Context, olderThan time.Duration, exclu
 	}
 }
 
-// cleanupLockName names the cleanup lock of the relay's table.
-func (q *relaySQL) cleanupLockName() string {
-	return "outboxplugin.cleanup." + q.table
+// backlogCounts is one backlog measurement: the pending events (due, leased, waiting for a retry),
+// the created_at of the oldest of them (zero when there is none), and the scheduled events.
+type backlogCounts struct {
+	pending, scheduled int64
+	oldest             time.Time
 }
 
-// tryCleanupLock takes the table's cleanup lock on conn without waiting; release lets go of it.
-func (q *relaySQL) tryCleanupLock(ctx context.Context, conn *sql.Conn) (release func(), got bool, err error) {
-	return q.d.tryLock(ctx, conn, q.cleanupLockName())
+// backlog measures the backlog at the time at, in two reads of the claim index (processed, dead_at,
+// next_attempt_at, created_at, id). The rows whose time has come (next_attempt_at NULL or past: due
+// and leased) are counted from the index alone, with the MIN of created_at that it covers too. The
+// rows whose time has not come are scheduled (never attempted) or waiting (failed): only their own
+// rows tell which (attempts, last_error), so that second read fetches those rows, and no others.
+func (w *Worker) backlog(ctx context.Context, at time.Time) (backlogCounts, error) {
+	q := w.sql
+	var (
+		c               backlogCounts
+		n, nFuture      int64
+		nScheduled      sql.NullInt64
+		oldest, oldest2 any
+	)
+	at = q.Clock(at)
+	read := func(query string, dest ...any) error {
+		args := make([]any, strings.Count(query, "?")) // each the time of the measurement
+		for i := range args {
+			args[i] = at
+		}
+		query, args = q.Literal(q.Bind(query), args)
+		return q.DB().QueryRowContext(ctx, query, args...).Scan(dest...)
+	}
+	if err := read(`SELECT COUNT(*), MIN(c.created_at) FROM `+q.Table()+` c WHERE `+liveGroup+
+		` AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= ?)`, &n, &oldest); err != nil {
+		return c, err
+	}
+	if err := read(`SELECT COUNT(*), SUM(CASE WHEN `+scheduledCond+` THEN 1 ELSE 0 END), `+
+		`MIN(CASE WHEN `+scheduledCond+` THEN NULL ELSE c.created_at END) FROM `+q.Table()+` c WHERE `+liveGroup+
+		` AND c.next_attempt_at > ?`, &nFuture, &nScheduled, &oldest2); err != nil {
+		return c, err
+	}
+	c.scheduled = nScheduled.Int64
+	c.pending = n + nFuture - c.scheduled
+	for _, v := range []any{oldest, oldest2} {
+		if v == nil {
+			continue
+		}
+		t, err := dbtime.FromColumn(v)
+		if err != nil {
+			return c, fmt.Errorf("oldest created_at: %w", err)
+		}
+		if c.oldest.IsZero() || t.Before(c.oldest) {
+			c.oldest = t
+		}
+	}
+	return c, nil
 }

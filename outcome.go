@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // What a publish says about each message, and what the worker then does with its row.
@@ -196,7 +198,7 @@ func indexOfMessage(msgs []Message, id string) int {
 
 // outcome is what the worker writes for a batch after its publish.
 type outcome struct {
-	done     []claimedRow    // published: processed (or deleted)
+	done     []store.Row     // published: processed (or deleted)
 	retries  []retryGroup    // refused, with attempts left: pending again at their next time
 	dead     []deadRow       // refused at their last attempt
 	released []releasedRow   // not delivered (outage, or shutdown): pending again, the attempt given back
@@ -231,7 +233,7 @@ type releasedRow struct {
 // retry.Backoff(attempt), grouped so that messages that failed alike share one statement. Each refusal
 // comes with the record of its attempt, for the event's history; messages not delivered have none
 // (their attempt is given back).
-func decide(rows []claimedRow, out []delivery, stopping bool, maxAttempts int, retry RetryPolicy, now time.Time) outcome {
+func decide(rows []store.Row, out []delivery, stopping bool, maxAttempts int, retry RetryPolicy, now time.Time) outcome {
 	var o outcome
 	groups := map[string]int{}
 	sent, refusedN := 0, 0
@@ -242,30 +244,30 @@ func decide(rows []claimedRow, out []delivery, stopping bool, maxAttempts int, r
 			o.done = append(o.done, r)
 			sent++
 		case stopping:
-			o.released = append(o.released, releasedRow{id: r.id})
+			o.released = append(o.released, releasedRow{id: r.ID})
 			o.stopped++
 		case d.kind == unsent:
-			o.released = append(o.released, releasedRow{id: r.id, err: errorText(d.err)})
-			o.unsent = append(o.unsent, FailedMessage{Message: r.msg, Err: d.err})
-		case r.msg.Attempt >= maxAttempts:
+			o.released = append(o.released, releasedRow{id: r.ID, err: errorText(d.err)})
+			o.unsent = append(o.unsent, FailedMessage{Message: Message(r.Msg), Err: d.err})
+		case r.Msg.Attempt >= maxAttempts:
 			refusedN++
-			o.dead = append(o.dead, deadRow{id: r.id, err: errorText(d.err), attempt: failedAttempt(now, r.msg.Attempt, d.err, d.took)})
-			o.failed = append(o.failed, FailedMessage{Message: r.msg, Err: d.err, Dead: true})
+			o.dead = append(o.dead, deadRow{id: r.ID, err: errorText(d.err), attempt: failedAttempt(now, r.Msg.Attempt, d.err, d.took)})
+			o.failed = append(o.failed, FailedMessage{Message: Message(r.Msg), Err: d.err, Dead: true})
 		default:
 			refusedN++
 			msg := errorText(d.err)
-			key := strconv.Itoa(r.msg.Attempt) + "\x00" + msg
+			key := strconv.Itoa(r.Msg.Attempt) + "\x00" + msg
 			g, ok := groups[key]
 			if !ok {
 				g = len(o.retries)
 				groups[key] = g
 				// Grouped by attempt and error text: the group's rows share the history entry
 				// of the first (they failed in one publish, whose duration they share too).
-				o.retries = append(o.retries, retryGroup{next: now.Add(retry.Backoff(r.msg.Attempt)), err: msg,
-					attempt: failedAttempt(now, r.msg.Attempt, d.err, d.took)})
+				o.retries = append(o.retries, retryGroup{next: now.Add(retry.Backoff(r.Msg.Attempt)), err: msg,
+					attempt: failedAttempt(now, r.Msg.Attempt, d.err, d.took)})
 			}
-			o.retries[g].ids = append(o.retries[g].ids, r.id)
-			o.failed = append(o.failed, FailedMessage{Message: r.msg, Err: d.err, NextAttempt: o.retries[g].next})
+			o.retries[g].ids = append(o.retries[g].ids, r.ID)
+			o.failed = append(o.failed, FailedMessage{Message: Message(r.Msg), Err: d.err, NextAttempt: o.retries[g].next})
 		}
 	}
 	o.outage = !stopping && sent == 0 && refusedN == 0 && len(o.released) > 0

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // The outcome of a publish, and what the worker writes for it, need no database: splitPublish and
@@ -151,10 +153,10 @@ func mapsEqual(a, b map[deliveryKind]int) bool {
 
 func TestDecide(t *testing.T) {
 	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
-	rows := func(attempts ...int) []claimedRow {
-		out := make([]claimedRow, len(attempts))
+	rows := func(attempts ...int) []store.Row {
+		out := make([]store.Row, len(attempts))
 		for i, a := range attempts {
-			out[i] = claimedRow{id: int64(i + 1), msg: Message{ID: fmt.Sprint("m", i+1), Attempt: a}}
+			out[i] = store.Row{ID: int64(i + 1), Msg: store.Message{ID: fmt.Sprint("m", i+1), Attempt: a}}
 		}
 		return out
 	}
@@ -166,7 +168,7 @@ func TestDecide(t *testing.T) {
 		o := decide(rows(1, 1, 3, 1, 2), []delivery{
 			{kind: delivered}, {kind: refused, err: refusal}, {kind: refused, err: refusal}, {kind: unsent, err: down}, {kind: refused, err: refusal},
 		}, false, 3, policy, now)
-		if len(o.done) != 1 || o.done[0].id != 1 {
+		if len(o.done) != 1 || o.done[0].ID != 1 {
 			t.Errorf("done %v", o.done)
 		}
 		if len(o.dead) != 1 || o.dead[0].id != 3 || o.dead[0].err != "nack" {

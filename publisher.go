@@ -34,14 +34,6 @@ type Message struct {
 	Attempt int
 }
 
-// messageKey joins the aggregate into the message key.
-func messageKey(aggregateType, aggregateID string) string {
-	if aggregateType == "" && aggregateID == "" {
-		return ""
-	}
-	return aggregateType + ":" + aggregateID
-}
-
 // Publisher sends a batch of messages to a broker. It returns:
 //
 //   - nil when every message was accepted (acknowledged by the broker): they are marked done;

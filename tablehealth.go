@@ -88,7 +88,7 @@ func (a *Admin) CheckTable(ctx context.Context) ([]TableWarning, error) {
 		return nil, fmt.Errorf("outboxplugin: check table %s: %w", a.table, err)
 	}
 	// The catalog reads take a missing table for one that lacks everything.
-	rows, err := a.q.db.QueryContext(ctx, `SELECT 1 FROM `+a.q.table+` WHERE 1 = 0`)
+	rows, err := a.q.DB().QueryContext(ctx, `SELECT 1 FROM `+a.q.Table()+` WHERE 1 = 0`)
 	if err != nil {
 		return fail(err)
 	}

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // Events whose publish kills the relay. Such an event never returns a failure: its attempt is counted
 // at claim, its lease runs out, and the claim that takes it over (and, with it, every batch-mate that
-// died with it) sees rows whose delivery did not finish (claimedRow.unfinished). Published together
+// died with it) sees rows whose delivery did not finish (store.Row.unfinished). Published together
 // again, they would crash the next relay together, each crash counting an attempt against all of them,
 // until every one of them reached its maximum: the poison would take its batch-mates to dead with it.
 //
@@ -25,34 +27,34 @@ import (
 
 // isolateUnfinished returns the rows of a claimed batch to publish one by one, with alone set, when the
 // batch holds rows taken over from unfinished deliveries; otherwise rows as they are.
-func (w *Worker) isolateUnfinished(ctx context.Context, rows []claimedRow) ([]claimedRow, bool) {
-	if !slices.ContainsFunc(rows, func(r claimedRow) bool { return r.unfinished }) {
+func (w *Worker) isolateUnfinished(ctx context.Context, rows []store.Row) ([]store.Row, bool) {
+	if !slices.ContainsFunc(rows, func(r store.Row) bool { return r.Unfinished }) {
 		return rows, false // the usual case
 	}
-	var unfinished []claimedRow
+	var unfinished []store.Row
 	var later, fresh []int64
 	for _, r := range rows {
 		switch {
-		case !r.unfinished:
-			fresh = append(fresh, r.id)
+		case !r.Unfinished:
+			fresh = append(fresh, r.ID)
 		case len(unfinished) == 0:
 			unfinished = append(unfinished, r)
 		default:
-			r.msg.Attempt--
+			r.Msg.Attempt--
 			unfinished = append(unfinished, r)
-			later = append(later, r.id)
+			later = append(later, r.ID)
 		}
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	err := w.sql.inTx(fctx, func(tx *sql.Tx) error {
+	err := w.sql.InTx(fctx, func(tx *sql.Tx) error {
 		if len(later) > 0 {
-			if err := w.sql.countAttempt(fctx, tx, w.owner, later, -1); err != nil {
+			if err := w.sql.CountAttempt(fctx, tx, w.owner, later, -1); err != nil {
 				return err
 			}
 		}
 		if len(fresh) > 0 {
-			return w.sql.release(fctx, tx, w.owner, fresh, "")
+			return w.sql.Release(fctx, tx, w.owner, fresh, "")
 		}
 		return nil
 	})
@@ -80,13 +82,13 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 		}
 		r := c.rows[i]
 		// Found by id: the statements before (this one's attempt, renewals) moved it on PostgreSQL.
-		r.ctid = ""
+		r.Ctid = ""
 		if ctx.Err() != nil || !w.leaseLive(held) {
 			// Stopping, or the lease ran out (renewals failed): the rest were not started, and their
 			// attempts were given back already.
-			ids := rowIDs(c.rows[i:])
+			ids := store.RowIDs(c.rows[i:])
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-			err := w.sql.countAttempt(fctx, w.sql.db, w.owner, ids, 0)
+			err := w.sql.CountAttempt(fctx, w.sql.DB(), w.owner, ids, 0)
 			cancel()
 			if err != nil {
 				return published, fmt.Errorf("outboxplugin: hand back events: %w", err)
@@ -96,19 +98,19 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 		}
 		if i > 0 {
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-			err := w.sql.countAttempt(fctx, w.sql.db, w.owner, []int64{r.id}, +1)
+			err := w.sql.CountAttempt(fctx, w.sql.DB(), w.owner, []int64{r.ID}, +1)
 			cancel()
 			if err != nil {
 				return published, fmt.Errorf("outboxplugin: count an attempt: %w", err)
 			}
-			r.msg.Attempt++
+			r.Msg.Attempt++
 		}
 		lctx, stop := w.leaseContext(ctx, held)
-		out := w.deliver(lctx, []Message{r.msg})
+		out := w.deliver(lctx, []Message{Message(r.Msg)})
 		ranOut := errors.Is(context.Cause(lctx), errLeaseRanOut)
 		stop()
 		one := BatchResult{}
-		if _, err := w.finish(ctx, []claimedRow{r}, out, &one, ranOut); err != nil {
+		if _, err := w.finish(ctx, []store.Row{r}, out, &one, ranOut); err != nil {
 			return published, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
 		}
 		published += len(one.Published)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
 // ErrUnsupportedDialect is returned by the worker on a database other than PostgreSQL, MySQL/MariaDB
@@ -38,7 +40,7 @@ type Worker struct {
 	busy   atomic.Bool // a Run or ProcessOnce is under way
 	leases leaseKeeper
 	owner  string
-	sql    *relaySQL
+	sql    *store.Store
 	wake   chan struct{}
 	// pipeline: Run claims the next batch while it publishes a full one. Not with per-key ordering,
 	// and only when the lease covers a batch that waits one publish timeout before its own.
@@ -119,10 +121,20 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 	w.pipeline = !w.cfg.keyOrdering
 	w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 	var err error
-	if w.sql, err = newRelaySQL(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history, w.cfg.lease); err != nil {
+	if w.sql, err = newStore(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history, w.cfg.lease); err != nil {
 		return fail(err)
 	}
 	return w, nil
+}
+
+// newStore is store.New, with its error for a database the relay does not run on as
+// ErrUnsupportedDialect.
+func newStore(db *gorm.DB, table string, keyOrdering bool, batchSize, history int, lease time.Duration) (*store.Store, error) {
+	q, err := store.New(db, table, keyOrdering, batchSize, history, lease)
+	if errors.Is(err, store.ErrUnsupportedDialect) {
+		return nil, fmt.Errorf("%w: %q", ErrUnsupportedDialect, db.Dialector.Name())
+	}
+	return q, err
 }
 
 // defaultBatchSize is the batch size of a worker on the dialect when WithBatchSize does not set one.
@@ -179,7 +191,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return ErrWorkerBusy
 	}
 	defer w.busy.Store(false)
-	defer w.sql.releaseConn()
+	defer w.sql.ReleaseConn()
 	if err := w.checkTable(ctx); err != nil {
 		return err
 	}
@@ -196,7 +208,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan struct{})
-	listening := w.cfg.listen && w.sql.d.listens()
+	listening := w.cfg.listen && w.sql.Listens()
 	if listening {
 		go func() {
 			defer close(done)
@@ -247,7 +259,7 @@ func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
 	w.drop(c.lease, nil)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if err := w.sql.release(fctx, w.sql.db, w.owner, rowIDs(c.rows), ""); err != nil {
+	if err := w.sql.Release(fctx, w.sql.DB(), w.owner, store.RowIDs(c.rows), ""); err != nil {
 		// The rows come back when their lease runs out.
 		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not hand back claimed events; they wait for their lease to run out",
 			slog.String("worker", w.owner), slog.Int("events", len(c.rows)), slog.Any("error", err))
@@ -280,7 +292,7 @@ func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
 		return 0, ErrWorkerBusy
 	}
 	defer w.busy.Store(false)
-	defer w.sql.releaseConn()
+	defer w.sql.ReleaseConn()
 	defer w.keepLeases(context.WithoutCancel(ctx))()
 	c, err := w.claimBatch(ctx, nil)
 	if err != nil || len(c.rows) == 0 {
@@ -297,7 +309,7 @@ func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
 // carriedBatch is a fully published batch whose rows Run marks done with its next claim. Its lease is
 // renewed until then.
 type carriedBatch struct {
-	rows   []claimedRow
+	rows   []store.Row
 	lease  *heldLease
 	now    time.Time // when it was published
 	res    BatchResult
@@ -305,14 +317,14 @@ type carriedBatch struct {
 }
 
 // done stops renewing the batch's lease and returns its rows as the mark needs them.
-func (w *Worker) done(b *carriedBatch) doneBatch {
+func (w *Worker) done(b *carriedBatch) store.Done {
 	w.drop(b.lease, b.rows)
-	return doneBatch{ids: rowIDs(b.rows), ctids: rowCtids(b.rows), now: b.now}
+	return store.Done{IDs: store.RowIDs(b.rows), Ctids: store.RowCtids(b.rows), Now: b.now}
 }
 
 // claimedBatch is a batch as claimed, with its outcome so far.
 type claimedBatch struct {
-	rows  []claimedRow
+	rows  []store.Row
 	msgs  []Message
 	lease *heldLease
 	out   []delivery // what the publish did with each message
@@ -338,7 +350,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	}
 	c := &claimedBatch{}
 	start := time.Now()
-	var prevDone *doneBatch
+	var prevDone *store.Done
 	if prev != nil {
 		d := w.done(prev)
 		prevDone = &d
@@ -346,7 +358,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	var (
-		rows   []claimedRow
+		rows   []store.Row
 		marked int64
 		err    error
 		sent   time.Time
@@ -356,8 +368,8 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 		// monotonic clock, it ends no earlier than sent plus the lease, whatever the clocks of the
 		// database and of other relays say, and however late the answer comes.
 		sent = time.Now()
-		rows, marked, err = w.sql.claim(cctx, w.owner, w.wallClock(sent), prevDone, w.cfg.deleteOnPublish)
-		if err == nil || try == claimTries || !w.sql.d.retryable(err) || cctx.Err() != nil {
+		rows, marked, err = w.sql.Claim(cctx, w.owner, w.wallClock(sent), prevDone, w.cfg.deleteOnPublish)
+		if err == nil || try == claimTries || !w.sql.Retryable(err) || cctx.Err() != nil {
 			break
 		}
 		w.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "outboxplugin: claim rolled back as a deadlock's victim; claiming again",
@@ -373,7 +385,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	if prev != nil {
 		prev.marked = true
 		prev.res.FinishDuration = c.res.ClaimDuration
-		w.noteLeaseLost(ctx, &prev.res, len(prevDone.ids), marked)
+		w.noteLeaseLost(ctx, &prev.res, len(prevDone.IDs), marked)
 		w.batchDone(ctx, prev.res)
 	}
 	c.res.Claimed = len(rows)
@@ -385,7 +397,7 @@ func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBa
 	c.lease = w.hold(rows, sent, sent.Add(w.cfg.lease))
 	c.msgs = make([]Message, len(rows))
 	for i, r := range rows {
-		c.msgs[i] = r.msg
+		c.msgs[i] = Message(r.Msg)
 	}
 	return c, nil
 }
@@ -400,11 +412,11 @@ const claimTries = 3
 // started and never finished — a publish that kills the process (out of memory, a crash in a cgo
 // client) would otherwise take the relay and the event's batch-mates down after every lease, for
 // ever. It returns the rest.
-func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []claimedRow {
+func (w *Worker) buryUnpublishable(ctx context.Context, rows []store.Row) []store.Row {
 	if !slices.ContainsFunc(rows, w.unpublishable) {
 		return rows // the usual case: no copy on the hot path
 	}
-	var good []claimedRow
+	var good []store.Row
 	var buried []FailedMessage
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
@@ -415,19 +427,19 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 			continue
 		}
 		var err error
-		if r.undecodable != nil {
-			err = fmt.Errorf("outboxplugin: event cannot be read: %w", r.undecodable)
+		if r.Undecodable != nil {
+			err = fmt.Errorf("outboxplugin: event cannot be read: %w", r.Undecodable)
 		} else {
-			err = errNotFinished(r.msg.Attempt - 1)
+			err = errNotFinished(r.Msg.Attempt - 1)
 		}
-		if merr := w.sql.bury(fctx, w.sql.db, w.owner, []int64{r.id}, errorText(err), now); merr != nil {
+		if merr := w.sql.Bury(fctx, w.sql.DB(), w.owner, []int64{r.ID}, errorText(err), now); merr != nil {
 			// It stays leased, and is claimed — and buried — again when the lease runs out.
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unpublishable event dead",
-				slog.String("worker", w.owner), slog.String("message_id", r.msg.ID), slog.Any("error", merr))
+				slog.String("worker", w.owner), slog.String("message_id", r.Msg.ID), slog.Any("error", merr))
 			continue
 		}
-		buried = append(buried, FailedMessage{Message: r.msg, Err: err, Dead: true})
-		w.cfg.observer.Dead(ctx, r.msg, err)
+		buried = append(buried, FailedMessage{Message: Message(r.Msg), Err: err, Dead: true})
+		w.cfg.observer.Dead(ctx, Message(r.Msg), err)
 	}
 	w.counts.dead.Add(int64(len(buried)))
 	for _, g := range groupFailures(BatchResult{Failed: buried}) {
@@ -440,8 +452,8 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []claimedRow) []cla
 
 // unpublishable: the row cannot be read, or this claim is one delivery more than the maximum (every
 // earlier one started and none recorded an outcome).
-func (w *Worker) unpublishable(r claimedRow) bool {
-	return r.undecodable != nil || r.msg.Attempt > w.cfg.maxAttempts
+func (w *Worker) unpublishable(r store.Row) bool {
+	return r.Undecodable != nil || r.Msg.Attempt > w.cfg.maxAttempts
 }
 
 // publishBatch publishes a claimed batch, recording what became of each message. A batch whose lease
@@ -505,7 +517,7 @@ func (w *Worker) RequeueAllDead(ctx context.Context) (int64, error) {
 }
 
 func (w *Worker) requeue(ctx context.Context, messageIDs []string) (int64, error) {
-	n, err := w.sql.requeue(ctx, messageIDs)
+	n, err := w.sql.Requeue(ctx, messageIDs)
 	if err != nil {
 		return n, fmt.Errorf("outboxplugin: requeue dead events: %w", err)
 	}
@@ -517,28 +529,67 @@ func (w *Worker) requeue(ctx context.Context, messageIDs []string) (int64, error
 // instead of logging a failed claim every few seconds for ever. A database that does not answer is
 // not such a failure: Run then starts, and retries as it does for any database error.
 func (w *Worker) checkTable(ctx context.Context) error {
-	rows, err := w.sql.db.QueryContext(ctx, `SELECT `+w.sql.columns()+` FROM `+w.sql.table+` WHERE 1 = 0`)
+	rows, err := w.sql.DB().QueryContext(ctx, `SELECT `+w.sql.Columns()+` FROM `+w.sql.Table()+` WHERE 1 = 0`)
 	if err == nil {
 		// Run ended before it began is no error: the MySQL driver's Close reports the cancellation.
 		if err = rows.Close(); err == nil {
 			return nil
 		}
 	}
-	if ctx.Err() != nil || w.sql.db.PingContext(ctx) != nil {
+	if ctx.Err() != nil || w.sql.DB().PingContext(ctx) != nil {
 		return nil
 	}
 	return fmt.Errorf("outboxplugin: the outbox table %s is missing or lacks columns the relay needs; create it with outboxplugin.AutoMigrate(db) (or migrate OutboxEvent into it): %w", w.cfg.table, err)
 }
 
-// relayColumns are all the columns the relay reads or writes but attempt_history, which only a worker
-// that keeps a history writes (relaySQL.columns).
-const relayColumns = returnedColumns + ", processed, processed_at, next_attempt_at, dead_at, locked_by, locked_until"
-
-// columns are all the columns the worker's statements read or write: a table of an earlier version,
-// without attempt_history, serves a worker WithAttemptHistory(0) until it is migrated.
-func (q *relaySQL) columns() string {
-	if q.history > 0 {
-		return relayColumns + ", attempt_history"
+// prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no
+// DDL: AutoMigrate creates what it needs). It checks the claim index, and with per-key ordering the
+// index the ordering probes, and fails when one is missing or invalid (errMissingIndex); it logs, once
+// per worker and at WARN, what else the table lacks that makes the relay or the Admin slower
+// (checkTable: a table made by GORM's own db.AutoMigrate).
+func (w *Worker) prepareTable(ctx context.Context) error {
+	w.prepareMu.Lock()
+	defer w.prepareMu.Unlock()
+	if w.prepared {
+		return nil
 	}
-	return relayColumns
+	if rows, err := w.sql.DB().QueryContext(ctx, `SELECT `+w.sql.Columns()+` FROM `+w.sql.Table()+` WHERE 1 = 0`); err != nil {
+		// No table, or one without the relay's columns: the claim fails, saying which (Run's
+		// checkTable has already failed on it).
+		return nil
+	} else if err := rows.Close(); err != nil {
+		return nil
+	}
+	db := w.db.WithContext(ctx)
+	need := []struct{ what, name, fix string }{{"the claim index", claimIndexName(db, w.cfg.table), "outboxplugin.AutoMigrate(db)"}}
+	if w.cfg.keyOrdering {
+		need = append(need, struct{ what, name, fix string }{"per-key ordering's index", keyIndexName(w.cfg.table),
+			"outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex())"})
+	}
+	for _, idx := range need {
+		exists, valid, err := indexState(db, w.cfg.table, idx.name)
+		if err != nil {
+			return fmt.Errorf("outboxplugin: look up %s: %w", idx.what, err)
+		}
+		if !exists || !valid {
+			state := "missing"
+			if exists {
+				state = "invalid (a failed CREATE INDEX CONCURRENTLY left it)"
+			}
+			return fmt.Errorf("outboxplugin: %w: %s, %s on %s, is %s; create it with %s",
+				errMissingIndex, idx.what, idx.name, w.cfg.table, state, idx.fix)
+		}
+	}
+	warnings, err := checkTable(db, w.cfg.table)
+	if err != nil {
+		return fmt.Errorf("outboxplugin: check the outbox table: %w", err)
+	}
+	for _, tw := range warnings {
+		// The same text as Admin.Stats, outbox status and the console give, so that one search finds
+		// the explanation whichever place an operator saw it in.
+		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: "+tw.String(),
+			slog.String("worker", w.owner), slog.String("table", w.cfg.table), slog.String("warning", string(tw.Code)))
+	}
+	w.prepared = true
+	return nil
 }

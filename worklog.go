@@ -42,7 +42,7 @@ func (w *Worker) logStart(ctx context.Context) {
 		slog.Int("max_attempts", c.maxAttempts),
 		slog.Bool("key_ordering", c.keyOrdering),
 		slog.Bool("delete_on_publish", c.deleteOnPublish),
-		slog.Bool("listen", c.listen && w.sql.d.listens()),
+		slog.Bool("listen", c.listen && w.sql.Listens()),
 	}
 	if c.cleanupEvery > 0 {
 		attrs = append(attrs, slog.Duration("cleanup_every", c.cleanupEvery), slog.Duration("retention", c.retention))
@@ -207,7 +207,7 @@ func (w *Worker) logProgress(ctx context.Context, last countsSnapshot) countsSna
 		attrs = append(attrs, slog.Int64("misconfigured", n))
 	}
 	now := time.Now()
-	if c, err := w.sql.backlog(ctx, now); err == nil {
+	if c, err := w.backlog(ctx, now); err == nil {
 		attrs = append(attrs, slog.Int64("backlog", c.pending))
 		if !c.oldest.IsZero() {
 			attrs = append(attrs, slog.Duration("oldest_pending_age", max(now.Sub(c.oldest), 0).Round(time.Millisecond)))

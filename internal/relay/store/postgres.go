@@ -1,4 +1,4 @@
-package outboxplugin
+package store
 
 import (
 	"context"
@@ -27,7 +27,7 @@ const pgAsyncCommit = `relay_async AS MATERIALIZED (SELECT set_config('synchrono
 // a new ctid, and its old slot may in time hold another row.
 const pgRowMatch = `ctid = ANY(?::tid[]) AND id = ANY(?::bigint[])`
 
-func (d *pgRelay) build(q *relaySQL, p claimParts) {
+func (d *pgRelay) build(q *Store, p claimParts) {
 	claim := strings.Replace(p.stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
 		`ctid = ANY(ARRAY(` + p.pickUnion("ctid") + `)) RETURNING ` + returnedColumns + `, ctid::text`
 	d.claimUpdate = d.bind(`WITH ` + pgAsyncCommit + ` ` + claim)
@@ -45,7 +45,7 @@ func (d *pgRelay) build(q *relaySQL, p claimParts) {
 	d.claimAfterDelete = marked(`DELETE FROM ` + q.table)
 }
 
-func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) ([]claimedRow, int64, error) {
+func (d *pgRelay) claim(ctx context.Context, q *Store, owner string, now time.Time, prev *Done, deleteDone bool) ([]Row, int64, error) {
 	claimArgs := q.claimArgs(owner, now)
 	if prev == nil {
 		rows, err := q.db.QueryContext(ctx, d.claimUpdate, claimArgs...)
@@ -56,12 +56,12 @@ func (d *pgRelay) claim(ctx context.Context, q *relaySQL, owner string, now time
 		return claimed, 0, err
 	}
 	// claimAfterDone's text is written with pgRowMatch; rowsMatch gives its arguments.
-	_, match := d.rowsMatch(prev.ids, prev.ctids)
+	_, match := d.rowsMatch(prev.IDs, prev.Ctids)
 	match = append(match, owner)
 	query := d.claimAfterDelete
 	if !deleteDone {
 		query = d.claimAfterDone
-		match = append(q.clock.args(prev.now, 1), match...)
+		match = append(q.clock.args(prev.Now, 1), match...)
 	}
 	rows, err := q.db.QueryContext(ctx, query, append(match, claimArgs...)...)
 	if err != nil {

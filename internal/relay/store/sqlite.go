@@ -1,4 +1,4 @@
-package outboxplugin
+package store
 
 import (
 	"context"
@@ -16,15 +16,15 @@ type sqliteRelay struct {
 	claimUpdate string
 }
 
-func (d *sqliteRelay) build(_ *relaySQL, p claimParts) {
+func (d *sqliteRelay) build(_ *Store, p claimParts) {
 	d.claimUpdate = p.stamp + `id IN (` + p.pickUnion("id") + `) RETURNING ` + returnedColumns
 }
 
-func (d *sqliteRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
-	err = q.inTx(ctx, func(tx *sql.Tx) error {
+func (d *sqliteRelay) claim(ctx context.Context, q *Store, owner string, now time.Time, prev *Done, deleteDone bool) (claimed []Row, marked int64, err error) {
+	err = q.InTx(ctx, func(tx *sql.Tx) error {
 		if prev != nil {
 			var err error
-			if marked, err = q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
+			if marked, err = q.MarkDone(ctx, tx, owner, *prev, deleteDone); err != nil {
 				return err
 			}
 		}

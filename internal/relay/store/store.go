@@ -1,4 +1,10 @@
-package outboxplugin
+// Package store is the relay's SQL: the statements a worker claims, marks, retries, buries, releases,
+// renews and cleans up with, written once per worker for its database (PostgreSQL, MySQL/MariaDB,
+// SQLite) and run on its *sql.DB. The worker (the root package's Worker) and the Admin use it through
+// Store's exported methods; what differs between databases is behind the relayDialect interface, one
+// implementation per file (postgres.go, mysql.go, sqlite.go). It knows nothing of publishers,
+// outcomes or the capture.
+package store
 
 import (
 	"context"
@@ -7,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,9 +43,9 @@ import (
 // one host's file, takes the worker's clock as a parameter. A worker also keeps its own, conservative
 // end of each lease: the time it sent the claim (or renewal) plus the lease, on its monotonic clock,
 // which the database's end cannot precede. It does not start publishing a batch past that end, and a
-// publish still running then is cut short (leases.go): a relay that got a claim's answer late, or
+// publish still running then is cut short (the root package's leases.go): a relay that got a claim's answer late, or
 // that cannot renew, never publishes rows another relay may have taken over.
-type relaySQL struct {
+type Store struct {
 	d     relayDialect
 	table string // quoted
 	db    *sql.DB
@@ -49,7 +54,7 @@ type relaySQL struct {
 	batchSize   int
 
 	// history is how many failed attempts a row's attempt_history keeps (0: none is written), and
-	// historySet the assignment that appends one, bound to a JSON entry (see history.go).
+	// historySet the assignment that appends one, bound to a JSON entry (HistoryEntry; the root package's history.go).
 	history    int
 	historySet string
 
@@ -67,16 +72,16 @@ type relaySQL struct {
 }
 
 // relayDialect is what differs between databases in the relay's SQL, one implementation per database
-// (relay_postgres.go, relay_mysql.go, relay_sqlite.go): how a claim is written and run, bind
+// (postgres.go, mysql.go, sqlite.go): how a claim is written and run, bind
 // variables, id lists, lease renewal, cleanup's DELETE and the cleanup lock. The rest of the relay's
-// SQL is the same text everywhere, built by relaySQL with the dialect's bind variables and id lists.
+// SQL is the same text everywhere, built by Store with the dialect's bind variables and id lists.
 type relayDialect interface {
 	// build writes the dialect's claim statements from the parts every dialect shares.
-	build(q *relaySQL, p claimParts)
+	build(q *Store, p claimParts)
 	// claim leases up to a batch of pending rows to owner for q.lease. When prev is not nil,
 	// its rows are marked done (or deleted) in the same statement or transaction, and marked is how
 	// many of them were still leased to owner.
-	claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error)
+	claim(ctx context.Context, q *Store, owner string, now time.Time, prev *Done, deleteDone bool) (rows []Row, marked int64, err error)
 	// bind rewrites the ? placeholders of query as the dialect's bind variables.
 	bind(query string) string
 	// literal writes args into query as literals where that saves the database work (MySQL: a
@@ -166,11 +171,16 @@ var boundTime = dbTime{now: "?", later: func(time.Duration) string { return "?" 
 // returnedColumns are the columns a claim reads back, in scan order.
 const returnedColumns = "id, message_id, event_type, aggregate_type, aggregate_id, payload, headers, created_at, attempts, last_error"
 
-// unfinishedDelivery is the last error a claim stamps on a row it takes over from an expired lease:
+// UnfinishedDelivery is the last error a claim stamps on a row it takes over from an expired lease:
 // the delivery that lease was for never recorded an outcome (its relay died, or stalled past its
 // lease). The claim reads it back to tell such rows — which may be the event that killed the relay —
-// from the rest; see Worker.isolateUnfinished.
-const unfinishedDelivery = "outboxplugin: an earlier delivery did not finish (its relay died or lost its lease)"
+// from the rest; see outboxplugin.Worker.isolateUnfinished.
+const UnfinishedDelivery = "outboxplugin: an earlier delivery did not finish (its relay died or lost its lease)"
+
+// NoLeaseOwner is locked_by of a row no relay has claimed since it was written, on MySQL and MariaDB:
+// 32 spaces, the column's default there (outboxplugin.NoLeaseOwner, whose documentation says why; a
+// test of that package holds the two equal).
+const NoLeaseOwner = "                                "
 
 // leaseHeld is true on a row a relay has claimed and not yet marked or handed back, whether its
 // lease still runs or not: locked_by holds a worker's id. NULL (no owner) makes it NULL, which CASE
@@ -178,9 +188,9 @@ const unfinishedDelivery = "outboxplugin: an earlier delivery did not finish (it
 // default collation does not pad.
 const leaseHeld = `locked_by <> '` + NoLeaseOwner + `'`
 
-// stampUnfinished sets last_error to unfinishedDelivery on a row whose lease ran out. It comes first
+// stampUnfinished sets last_error to UnfinishedDelivery on a row whose lease ran out. It comes first
 // in the claim's SET list: MySQL evaluates assignments left to right, so locked_by is still the old one.
-const stampUnfinished = `last_error = CASE WHEN ` + leaseHeld + ` THEN '` + unfinishedDelivery + `' ELSE last_error END, `
+const stampUnfinished = `last_error = CASE WHEN ` + leaseHeld + ` THEN '` + UnfinishedDelivery + `' ELSE last_error END, `
 
 // stampUnfinishedHistory is, with a history kept, the assignment that appends the delivery that did
 // not finish to a row taken over from an expired lease: when its lease ran out (locked_until), the
@@ -190,15 +200,15 @@ const stampUnfinished = `last_error = CASE WHEN ` + leaseHeld + ` THEN '` + unfi
 // to right evaluation. Rows claimed fresh or due (no owner) take the ELSE branch: their history
 // is assigned to itself, which costs the claim a comparison per row (measured in docs/relay.md).
 func stampUnfinishedHistory(d relayDialect, keep int) string {
-	entry := d.jsonObject(`'at'`, `locked_until`, `'attempt'`, `attempts`, `'worker'`, `locked_by`, `'error'`, `'`+unfinishedDelivery+`'`)
+	entry := d.jsonObject(`'at'`, `locked_until`, `'attempt'`, `attempts`, `'worker'`, `locked_by`, `'error'`, `'`+UnfinishedDelivery+`'`)
 	return `attempt_history = CASE WHEN ` + leaseHeld + ` THEN ` + d.appendHistory(keep, entry) + ` ELSE attempt_history END, `
 }
 
-// newRelaySQL writes the relay's SQL for table. history is how many failed attempts each row keeps
+// New writes the relay's SQL for table. history is how many failed attempts each row keeps
 // (0: the statements leave attempt_history alone); lease is how long a claim or renewal leases rows
 // for. The claim's statements are written by ready, at the first claim: on MySQL they depend on how
 // the driver sends times, which takes the database to find out.
-func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history int, lease time.Duration) (*relaySQL, error) {
+func New(db *gorm.DB, table string, keyOrdering bool, batchSize, history int, lease time.Duration) (*Store, error) {
 	var d relayDialect
 	switch dialect := db.Dialector.Name(); dialect {
 	case "postgres":
@@ -218,7 +228,7 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 		m.db = sqlDB // literal's probe of how the driver sends times
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &relaySQL{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history,
+	q := &Store{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history,
 		lease: lease, gdb: db}
 	if history > 0 {
 		q.historySet = `attempt_history = ` + d.appendHistory(history-1, d.jsonParam()) + `, `
@@ -229,7 +239,7 @@ func newRelaySQL(db *gorm.DB, table string, keyOrdering bool, batchSize, history
 // ready writes the claim's statements, once: it asks the dialect how its statements read the current
 // time (MySQL: whether the driver sends times in UTC, which takes a round trip), and fails when that
 // cannot be told yet (the database is away), to be tried again at the next claim.
-func (q *relaySQL) ready(ctx context.Context) error {
+func (q *Store) ready(ctx context.Context) error {
 	q.buildMu.Lock()
 	defer q.buildMu.Unlock()
 	if q.built {
@@ -246,7 +256,7 @@ func (q *relaySQL) ready(ctx context.Context) error {
 }
 
 // buildClaim writes the claim's statements with q.clock.
-func (q *relaySQL) buildClaim() {
+func (q *Store) buildClaim() {
 	d, history := q.d, q.history
 	stmt := &gorm.Statement{DB: q.gdb, Clauses: map[string]clause.Clause{}}
 	stamp, stampFresh := stampUnfinished, stampUnfinished
@@ -333,15 +343,15 @@ func (p claimParts) pickUnion(col string) string {
 }
 
 // rowsMatch returns the condition and arguments that select the given leased rows.
-func (q *relaySQL) rowsMatch(ids []int64, ctids []string) (string, []any) {
+func (q *Store) rowsMatch(ids []int64, ctids []string) (string, []any) {
 	return q.d.rowsMatch(ids, ctids)
 }
 
 // bind rewrites ? placeholders as the dialect's bind variables. The relay's SQL has no ? anywhere else.
-func (q *relaySQL) bind(query string) string { return q.d.bind(query) }
+func (q *Store) Bind(query string) string { return q.d.bind(query) }
 
 // idList returns the text and arguments that select ids.
-func (q *relaySQL) idList(ids []int64) (string, []any) { return q.d.idList(ids) }
+func (q *Store) IdList(ids []int64) (string, []any) { return q.d.idList(ids) }
 
 // inList is id IN (?, …), as MySQL and SQLite select ids.
 func inList(ids []int64) (string, []any) {
@@ -360,23 +370,46 @@ func prefixColumns(prefix, cols string) string {
 	return strings.Join(parts, ", ")
 }
 
-// claimedRow is a row the worker holds a lease on.
-type claimedRow struct {
-	id   int64
-	ctid string // PostgreSQL: where the claim left the row
-	msg  Message
-	// undecodable: the row's headers or creation time could not be read (a row written by hand
+// Row is a row the worker holds a lease on.
+type Row struct {
+	ID   int64
+	Ctid string // PostgreSQL: where the claim left the row
+	Msg  Message
+	// Undecodable: the row's headers or creation time could not be read (a row written by hand
 	// with raw SQL); the worker buries it as dead instead of failing the whole claim.
-	undecodable error
-	// unfinished: the claim took the row over from an expired lease, whose delivery recorded no
+	Undecodable error
+	// Unfinished: the claim took the row over from an expired lease, whose delivery recorded no
 	// outcome.
-	unfinished bool
+	Unfinished bool
+}
+
+// Message is what a claim reads of a row for the publisher: the fields of outboxplugin.Message, in
+// its order and of its types, so that the worker converts one into the other (outboxplugin.Message(m))
+// without a copy of its own.
+type Message struct {
+	ID            string
+	EventType     string
+	Key           string
+	AggregateType string
+	AggregateID   string
+	Payload       []byte
+	Headers       map[string]string
+	CreatedAt     time.Time
+	Attempt       int
+}
+
+// MessageKey is a message's key: "type:id" of its aggregate, "" for an event without one.
+func MessageKey(aggregateType, aggregateID string) string {
+	if aggregateType == "" && aggregateID == "" {
+		return ""
+	}
+	return aggregateType + ":" + aggregateID
 }
 
 // pickArgs are the values of the pick subquery's placeholders, in text order: the current time of
 // each run's comparisons, where the statements take the worker's clock; none where they read the
 // database's.
-func (q *relaySQL) pickArgs(now time.Time) []any {
+func (q *Store) pickArgs(now time.Time) []any {
 	n := 3 // due: next attempt, lease; fresh: lease
 	if q.keyOrdering {
 		n = 5 // and each run's key lease
@@ -385,7 +418,7 @@ func (q *relaySQL) pickArgs(now time.Time) []any {
 }
 
 // freshArgCount is how many of pickArgs belong to the fresh run (the last ones).
-func (q *relaySQL) freshArgCount() int {
+func (q *Store) freshArgCount() int {
 	if !q.clock.bound {
 		return 0
 	}
@@ -395,18 +428,18 @@ func (q *relaySQL) freshArgCount() int {
 	return 1
 }
 
-// doneBatch is a published batch whose rows Run marks done together with the next claim.
-type doneBatch struct {
-	ids   []int64
-	ctids []string
-	now   time.Time
+// Done is a published batch whose rows Run marks done together with the next claim.
+type Done struct {
+	IDs   []int64
+	Ctids []string
+	Now   time.Time
 }
 
 // claim leases up to a batch of pending rows to owner for the lease, from the database's current time
 // (now is the worker's, for a dialect that takes it). When prev is not nil, its rows are marked done
 // (or deleted) in the same statement or transaction, and marked is how many of them were still
 // leased to owner.
-func (q *relaySQL) claim(ctx context.Context, owner string, now time.Time, prev *doneBatch, deleteDone bool) (rows []claimedRow, marked int64, err error) {
+func (q *Store) Claim(ctx context.Context, owner string, now time.Time, prev *Done, deleteDone bool) (rows []Row, marked int64, err error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, 0, err
 	}
@@ -415,13 +448,13 @@ func (q *relaySQL) claim(ctx context.Context, owner string, now time.Time, prev 
 
 // claimArgs are the values of a claim's placeholders after those of the rows to mark: the lease's
 // owner and expiry, then the runs'.
-func (q *relaySQL) claimArgs(owner string, now time.Time) []any {
+func (q *Store) claimArgs(owner string, now time.Time) []any {
 	args := append([]any{owner}, q.clock.laterArgs(q.d.clock(now), q.lease, false)...)
 	return append(args, q.pickArgs(now)...)
 }
 
 // inTx runs fn in a transaction.
-func (q *relaySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (q *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return q.inTxAt(ctx, nil, fn)
 }
 
@@ -430,7 +463,7 @@ func (q *relaySQL) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 // set up so: on PostgreSQL by its first statement (txSetup), on MariaDB on the worker's own connection
 // (txConnLocked). A failed transaction gives that connection up: a partition or the server's idle
 // timeout may have broken it, and the next transaction takes a fresh one.
-func (q *relaySQL) inTxAt(ctx context.Context, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
+func (q *Store) inTxAt(ctx context.Context, opts *sql.TxOptions, fn func(tx *sql.Tx) error) error {
 	q.connMu.Lock()
 	defer q.connMu.Unlock()
 	conn, err := q.txConnLocked(ctx)
@@ -479,7 +512,7 @@ const minHeldPool = 4
 // application's: the connection is set back before it returns to the pool (dropConnLocked). On a
 // server without the setting (MySQL) transactions run on the pool's connections, and a transaction
 // cut off by a partition lasts until the server notices the connection is gone. q.connMu is held.
-func (q *relaySQL) txConnLocked(ctx context.Context) (*sql.Conn, error) {
+func (q *Store) txConnLocked(ctx context.Context) (*sql.Conn, error) {
 	if q.conn != nil || q.noSession {
 		return q.conn, nil
 	}
@@ -507,7 +540,7 @@ func (q *relaySQL) txConnLocked(ctx context.Context) (*sql.Conn, error) {
 
 // dropConnLocked gives the worker's connection back to the pool, set back as the application's are,
 // or closed when that fails; q.connMu is held.
-func (q *relaySQL) dropConnLocked() {
+func (q *Store) dropConnLocked() {
 	if q.conn == nil {
 		return
 	}
@@ -522,20 +555,29 @@ func (q *relaySQL) dropConnLocked() {
 }
 
 // releaseConn gives the worker's connection back to the pool, when the worker stops.
-func (q *relaySQL) releaseConn() {
+func (q *Store) ReleaseConn() {
 	q.connMu.Lock()
 	defer q.connMu.Unlock()
 	q.dropConnLocked()
 }
 
-// execer is a *sql.DB or *sql.Tx.
-type execer interface {
+// HistoryEntry is the failed attempt a failure statement appends to its rows' histories, as the JSON
+// object Entry writes for the worker that made it.
+type HistoryEntry interface {
+	Entry(worker string) string
+}
+
+// ErrUnsupportedDialect is New's error for a database the relay does not run on.
+var ErrUnsupportedDialect = errors.New("unsupported database")
+
+// Execer is a *sql.DB or *sql.Tx.
+type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// queryExecer runs statements and queries: a *sql.DB or a *sql.Conn.
-type queryExecer interface {
-	execer
+// QueryExecer runs statements and queries: a *sql.DB or a *sql.Conn.
+type QueryExecer interface {
+	Execer
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
@@ -550,7 +592,7 @@ type cleanupByKey interface {
 //
 // With marked not nil, every row starts with a column that is -1 for a claimed row; a row where it is not
 // is the count of rows the statement marked done, read into *marked.
-func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool, marked *int64) (out []claimedRow, err error) {
+func (q *Store) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool, marked *int64) (out []Row, err error) {
 	defer func() { err = errors.Join(err, rows.Close()) }()
 	var (
 		payload, headers []byte
@@ -564,20 +606,20 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool,
 		if out == nil {
 			// Sized on the first row, so that an empty poll allocates nothing; capped, so that a
 			// huge batch size grows the slice as rows come.
-			out = make([]claimedRow, 0, min(q.batchSize, 1000))
+			out = make([]Row, 0, min(q.batchSize, 1000))
 			dest = make([]any, 0, 12)
 		}
-		out = append(out, claimedRow{})
+		out = append(out, Row{})
 		r := &out[len(out)-1]
-		m := &r.msg
+		m := &r.Msg
 		payload, headers, created = nil, nil, nil
 		dest = dest[:0]
 		if marked != nil {
 			dest = append(dest, &mark)
 		}
-		dest = append(dest, &r.id, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError)
+		dest = append(dest, &r.ID, &m.ID, &m.EventType, &m.AggregateType, &m.AggregateID, &payload, &headers, &created, &attempts, &lastError)
 		if withCtid {
-			dest = append(dest, &r.ctid)
+			dest = append(dest, &r.Ctid)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("scan claimed row: %w", err)
@@ -591,17 +633,17 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool,
 		if len(headers) > 0 && string(headers) != "null" {
 			if err := json.Unmarshal(headers, &m.Headers); err != nil {
 				m.Headers = nil
-				r.undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
+				r.Undecodable = fmt.Errorf("headers are not a JSON object of strings: %w", err)
 			}
 		}
 		if t, err := dbtime.FromColumn(created); err != nil {
-			r.undecodable = errors.Join(r.undecodable, fmt.Errorf("created_at: %w", err))
+			r.Undecodable = errors.Join(r.Undecodable, fmt.Errorf("created_at: %w", err))
 		} else {
 			m.CreatedAt = t
 		}
-		m.Key = messageKey(m.AggregateType, m.AggregateID)
+		m.Key = MessageKey(m.AggregateType, m.AggregateID)
 		m.Attempt = attempts + attemptOffset
-		r.unfinished = lastError.Valid && lastError.String == unfinishedDelivery
+		r.Unfinished = lastError.Valid && lastError.String == UnfinishedDelivery
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -611,7 +653,7 @@ func (q *relaySQL) scanClaimed(rows *sql.Rows, attemptOffset int, withCtid bool,
 }
 
 // sortClaimed puts a batch in creation order; RETURNING gives rows in no particular order.
-func sortClaimed(rows []claimedRow) {
+func sortClaimed(rows []Row) {
 	for i := 1; i < len(rows); i++ {
 		for j := i; j > 0 && claimedBefore(rows[j], rows[j-1]); j-- {
 			rows[j], rows[j-1] = rows[j-1], rows[j]
@@ -619,39 +661,39 @@ func sortClaimed(rows []claimedRow) {
 	}
 }
 
-func claimedBefore(a, b claimedRow) bool {
-	if !a.msg.CreatedAt.Equal(b.msg.CreatedAt) {
-		return a.msg.CreatedAt.Before(b.msg.CreatedAt)
+func claimedBefore(a, b Row) bool {
+	if !a.Msg.CreatedAt.Equal(b.Msg.CreatedAt) {
+		return a.Msg.CreatedAt.Before(b.Msg.CreatedAt)
 	}
-	return a.id < b.id
+	return a.ID < b.ID
 }
 
-func rowIDs(rows []claimedRow) []int64 {
+func RowIDs(rows []Row) []int64 {
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
-		ids[i] = r.id
+		ids[i] = r.ID
 	}
 	return ids
 }
 
-// rowCtids returns the rows' ctids, or nil when the database has none.
-func rowCtids(rows []claimedRow) []string {
-	if len(rows) == 0 || rows[0].ctid == "" {
+// RowCtids returns the rows' ctids, or nil when the database has none.
+func RowCtids(rows []Row) []string {
+	if len(rows) == 0 || rows[0].Ctid == "" {
 		return nil
 	}
 	ctids := make([]string, len(rows))
 	for i, r := range rows {
-		ctids[i] = r.ctid
+		ctids[i] = r.Ctid
 	}
 	return ctids
 }
 
 // exec runs head <id list> tail, whose placeholders take headArgs, the ids and tailArgs in that order.
-func (q *relaySQL) exec(ctx context.Context, ex execer, head string, headArgs []any, ids []int64, tail string, tailArgs ...any) (int64, error) {
-	in, idArgs := q.idList(ids)
+func (q *Store) Exec(ctx context.Context, ex Execer, head string, headArgs []any, ids []int64, tail string, tailArgs ...any) (int64, error) {
+	in, idArgs := q.IdList(ids)
 	args := make([]any, 0, len(headArgs)+len(idArgs)+len(tailArgs))
 	args = append(append(append(args, headArgs...), idArgs...), tailArgs...)
-	query, args := q.d.literal(q.bind(head+in+tail), args)
+	query, args := q.d.literal(q.Bind(head+in+tail), args)
 	res, err := ex.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
@@ -667,15 +709,15 @@ const markProcessed = `processed = true, next_attempt_at = NULL, processed_at = 
 
 // markDone records published rows: processed (the reference design), or deleted. It returns how many
 // of them were still leased to owner.
-func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b doneBatch, deleteRows bool) (int64, error) {
-	match, args := q.rowsMatch(b.ids, b.ctids)
+func (q *Store) MarkDone(ctx context.Context, ex Execer, owner string, b Done, deleteRows bool) (int64, error) {
+	match, args := q.rowsMatch(b.IDs, b.Ctids)
 	query := `UPDATE ` + q.table + ` SET ` + markProcessed + q.clock.now + `, locked_by = NULL, locked_until = NULL WHERE `
 	if deleteRows {
 		query = `DELETE FROM ` + q.table + ` WHERE `
 	} else {
-		args = append(q.clock.args(q.d.clock(b.now), 1), args...)
+		args = append(q.clock.args(q.d.clock(b.Now), 1), args...)
 	}
-	query, args = q.d.literal(q.bind(query+match+` AND locked_by = ?`), append(args, owner))
+	query, args = q.d.literal(q.Bind(query+match+` AND locked_by = ?`), append(args, owner))
 	res, err := ex.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
@@ -686,23 +728,23 @@ func (q *relaySQL) markDone(ctx context.Context, ex execer, owner string, b done
 // markRetry records failed deliveries that will be retried at next, and appends rec to their
 // histories.
 // The retry time is backoff after the database's current time (the worker's, now, where it is taken).
-func (q *relaySQL) markRetry(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time, backoff time.Duration, rec attemptRecord) error {
+func (q *Store) MarkRetry(ctx context.Context, ex Execer, owner string, ids []int64, lastError string, now time.Time, backoff time.Duration, rec HistoryEntry) error {
 	head := append([]any{lastError}, q.clock.laterArgs(q.d.clock(now), backoff, true)...)
 	if q.history > 0 {
-		head = append(head, rec.entry(owner))
+		head = append(head, rec.Entry(owner))
 	}
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = `+q.clock.by+`, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
+	_, err := q.Exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, next_attempt_at = `+q.clock.by+`, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
 		head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
 // markDead records events given up on after a failed delivery, and appends rec to their histories.
-func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time, rec attemptRecord) error {
+func (q *Store) MarkDead(ctx context.Context, ex Execer, owner string, ids []int64, lastError string, now time.Time, rec HistoryEntry) error {
 	head := append([]any{lastError}, q.clock.args(q.d.clock(now), 1)...)
 	if q.history > 0 {
-		head = append(head, rec.entry(owner))
+		head = append(head, rec.Entry(owner))
 	}
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = `+q.clock.now+`, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
+	_, err := q.Exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = `+q.clock.now+`, `+q.historySet+`locked_by = NULL, locked_until = NULL WHERE `,
 		head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
@@ -710,31 +752,31 @@ func (q *relaySQL) markDead(ctx context.Context, ex execer, owner string, ids []
 // bury marks claimed rows dead before any delivery, giving back the attempt their claim counted. It
 // appends nothing to their histories: no delivery was attempted (a row taken over from an unfinished
 // delivery got that delivery's entry from its claim).
-func (q *relaySQL) bury(ctx context.Context, ex execer, owner string, ids []int64, lastError string, now time.Time) error {
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = `+q.clock.now+`, attempts = attempts - 1, locked_by = NULL, locked_until = NULL WHERE `,
+func (q *Store) Bury(ctx context.Context, ex Execer, owner string, ids []int64, lastError string, now time.Time) error {
+	_, err := q.Exec(ctx, ex, `UPDATE `+q.table+` SET last_error = ?, dead_at = `+q.clock.now+`, attempts = attempts - 1, locked_by = NULL, locked_until = NULL WHERE `,
 		append([]any{lastError}, q.clock.args(q.d.clock(now), 1)...), ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
 // countAttempt adds delta to the attempts of rows leased to owner; with delta 0 it hands them back
 // (lease cleared) with their attempts as they are.
-func (q *relaySQL) countAttempt(ctx context.Context, ex execer, owner string, ids []int64, delta int) error {
+func (q *Store) CountAttempt(ctx context.Context, ex Execer, owner string, ids []int64, delta int) error {
 	set := `attempts = attempts + ` + strconv.Itoa(delta)
 	if delta == 0 {
 		set = `locked_by = NULL, locked_until = NULL`
 	}
-	_, err := q.exec(ctx, ex, `UPDATE `+q.table+` SET `+set+` WHERE `, nil, ids, ` AND locked_by = ?`, owner)
+	_, err := q.Exec(ctx, ex, `UPDATE `+q.table+` SET `+set+` WHERE `, nil, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
 // renew extends the lease of the given rows that are still the owner's by q.lease from the database's
 // current time (now is the worker's, for a dialect that takes it), and returns how many it extended;
 // on PostgreSQL also where each now is (an UPDATE moves a row to a new ctid).
-func (q *relaySQL) renew(ctx context.Context, owner string, ids []int64, now time.Time) (moved map[int64]string, n int64, err error) {
-	in, idArgs := q.idList(ids)
+func (q *Store) Renew(ctx context.Context, owner string, ids []int64, now time.Time) (moved map[int64]string, n int64, err error) {
+	in, idArgs := q.IdList(ids)
 	query := `UPDATE ` + q.table + ` SET locked_until = ` + q.clock.later(q.lease) + ` WHERE ` + in + ` AND locked_by = ?`
 	args := append(q.clock.laterArgs(q.d.clock(now), q.lease, false), idArgs...)
-	query, args = q.d.literal(q.bind(query), append(args, owner))
+	query, args = q.d.literal(q.Bind(query), append(args, owner))
 	return q.d.renew(ctx, q.db, query, args)
 }
 
@@ -751,14 +793,14 @@ func execRenew(ctx context.Context, db *sql.DB, query string, args []any) (map[i
 // release hands rows back unpublished, without counting the attempt; a non-empty lastError is
 // recorded as the rows' last error. Their histories are left alone: an attempt not counted is not one
 // of the history's (see history.go).
-func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []int64, lastError string) error {
+func (q *Store) Release(ctx context.Context, ex Execer, owner string, ids []int64, lastError string) error {
 	set := `UPDATE ` + q.table + ` SET locked_by = NULL, locked_until = NULL, attempts = attempts - 1`
 	var head []any
 	if lastError != "" {
 		set += `, last_error = ?`
 		head = []any{lastError}
 	}
-	_, err := q.exec(ctx, ex, set+` WHERE `, head, ids, ` AND locked_by = ?`, owner)
+	_, err := q.Exec(ctx, ex, set+` WHERE `, head, ids, ` AND locked_by = ?`, owner)
 	return err
 }
 
@@ -767,7 +809,7 @@ func (q *relaySQL) release(ctx context.Context, ex execer, owner string, ids []i
 // cutoff once or more, then the limit. The cutoff goes through the dialect's clock: MariaDB bounds
 // no index range by a time with nanoseconds, and read every processed row the table kept, in every
 // chunk, until the cutoff was truncated.
-func (q *relaySQL) cleanupChunk(ctx context.Context, ex queryExecer, cutoff time.Time, limit int) (int64, error) {
+func (q *Store) CleanupChunk(ctx context.Context, ex QueryExecer, cutoff time.Time, limit int) (int64, error) {
 	cutoff = q.d.clock(cutoff)
 	query := q.d.cleanupQuery(q.table)
 	args := make([]any, 0, 3)
@@ -776,7 +818,7 @@ func (q *relaySQL) cleanupChunk(ctx context.Context, ex queryExecer, cutoff time
 	}
 	args = append(args, limit)
 	if byKey, ok := q.d.(cleanupByKey); ok {
-		rows, err := ex.QueryContext(ctx, q.bind(query), args...)
+		rows, err := ex.QueryContext(ctx, q.Bind(query), args...)
 		if err != nil {
 			return 0, err
 		}
@@ -800,7 +842,7 @@ func (q *relaySQL) cleanupChunk(ctx context.Context, ex queryExecer, cutoff time
 		}
 		return res.RowsAffected()
 	}
-	res, err := ex.ExecContext(ctx, q.bind(query), args...)
+	res, err := ex.ExecContext(ctx, q.Bind(query), args...)
 	if err != nil {
 		return 0, err
 	}
@@ -809,7 +851,7 @@ func (q *relaySQL) cleanupChunk(ctx context.Context, ex queryExecer, cutoff time
 
 // requeue makes dead events pending again: all of them, or those with the given message ids. Their
 // histories stay: they are the record of what happened.
-func (q *relaySQL) requeue(ctx context.Context, messageIDs []string) (int64, error) {
+func (q *Store) Requeue(ctx context.Context, messageIDs []string) (int64, error) {
 	query := `UPDATE ` + q.table + ` SET dead_at = NULL, attempts = 0, next_attempt_at = NULL WHERE dead_at IS NOT NULL`
 	args := make([]any, len(messageIDs))
 	if len(messageIDs) > 0 {
@@ -818,115 +860,69 @@ func (q *relaySQL) requeue(ctx context.Context, messageIDs []string) (int64, err
 			args[i] = id
 		}
 	}
-	res, err := q.db.ExecContext(ctx, q.bind(query), args...)
+	res, err := q.db.ExecContext(ctx, q.Bind(query), args...)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
-// backlogCounts is one backlog measurement: the pending events (due, leased, waiting for a retry),
-// the created_at of the oldest of them (zero when there is none), and the scheduled events.
-type backlogCounts struct {
-	pending, scheduled int64
-	oldest             time.Time
+// DB is the pool the store's statements run on.
+func (q *Store) DB() *sql.DB { return q.db }
+
+// Table is the outbox table's name, quoted for the database.
+func (q *Store) Table() string { return q.table }
+
+// Listens reports whether the database wakes the worker with notifications (PostgreSQL's LISTEN).
+func (q *Store) Listens() bool { return q.d.listens() }
+
+// Retryable reports whether a claim that failed with err rolled back whole and may simply be run
+// again at once (MySQL's deadlock victim).
+func (q *Store) Retryable(err error) bool { return q.d.retryable(err) }
+
+// Clock is now as the database's statements compare times: truncated to microseconds on MySQL and
+// MariaDB, which bound no index range by a time with nanoseconds.
+func (q *Store) Clock(now time.Time) time.Time { return q.d.clock(now) }
+
+// Literal writes args into query as literals where that saves the database work (MySQL: a statement
+// with arguments costs a round trip more), and returns query and args unchanged otherwise.
+func (q *Store) Literal(query string, args []any) (string, []any) { return q.d.literal(query, args) }
+
+// relayColumns are all the columns the relay reads or writes but attempt_history, which only a worker
+// that keeps a history writes (Columns).
+const relayColumns = returnedColumns + ", processed, processed_at, next_attempt_at, dead_at, locked_by, locked_until"
+
+// Columns are all the columns the worker's statements read or write: a table of an earlier version,
+// without attempt_history, serves a worker WithAttemptHistory(0) until it is migrated.
+func (q *Store) Columns() string {
+	if q.history > 0 {
+		return relayColumns + ", attempt_history"
+	}
+	return relayColumns
 }
 
-// backlog measures the backlog at the time at, in two reads of the claim index (processed, dead_at,
-// next_attempt_at, created_at, id). The rows whose time has come (next_attempt_at NULL or past: due
-// and leased) are counted from the index alone, with the MIN of created_at that it covers too. The
-// rows whose time has not come are scheduled (never attempted) or waiting (failed): only their own
-// rows tell which (attempts, last_error), so that second read fetches those rows, and no others.
-func (q *relaySQL) backlog(ctx context.Context, at time.Time) (backlogCounts, error) {
-	var (
-		c               backlogCounts
-		n, nFuture      int64
-		nScheduled      sql.NullInt64
-		oldest, oldest2 any
-	)
-	at = q.d.clock(at)
-	read := func(query string, dest ...any) error {
-		args := make([]any, strings.Count(query, "?")) // each the time of the measurement
-		for i := range args {
-			args[i] = at
-		}
-		query, args = q.d.literal(q.bind(query), args)
-		return q.db.QueryRowContext(ctx, query, args...).Scan(dest...)
-	}
-	if err := read(`SELECT COUNT(*), MIN(c.created_at) FROM `+q.table+` c WHERE `+liveGroup+
-		` AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= ?)`, &n, &oldest); err != nil {
-		return c, err
-	}
-	if err := read(`SELECT COUNT(*), SUM(CASE WHEN `+scheduledCond+` THEN 1 ELSE 0 END), `+
-		`MIN(CASE WHEN `+scheduledCond+` THEN NULL ELSE c.created_at END) FROM `+q.table+` c WHERE `+liveGroup+
-		` AND c.next_attempt_at > ?`, &nFuture, &nScheduled, &oldest2); err != nil {
-		return c, err
-	}
-	c.scheduled = nScheduled.Int64
-	c.pending = n + nFuture - c.scheduled
-	for _, v := range []any{oldest, oldest2} {
-		if v == nil {
-			continue
-		}
-		t, err := dbtime.FromColumn(v)
-		if err != nil {
-			return c, fmt.Errorf("oldest created_at: %w", err)
-		}
-		if c.oldest.IsZero() || t.Before(c.oldest) {
-			c.oldest = t
-		}
-	}
-	return c, nil
+// cleanupLockName names the cleanup lock of the relay's table.
+func (q *Store) cleanupLockName() string {
+	return "outboxplugin.cleanup." + q.table
 }
 
-// prepareTable runs once per worker, before its first claim, and changes nothing (the worker runs no
-// DDL: AutoMigrate creates what it needs). It checks the claim index, and with per-key ordering the
-// index the ordering probes, and fails when one is missing or invalid (errMissingIndex); it logs, once
-// per worker and at WARN, what else the table lacks that makes the relay or the Admin slower
-// (checkTable: a table made by GORM's own db.AutoMigrate).
-func (w *Worker) prepareTable(ctx context.Context) error {
-	w.prepareMu.Lock()
-	defer w.prepareMu.Unlock()
-	if w.prepared {
-		return nil
+// TryCleanupLock takes the table's cleanup lock on conn without waiting; release lets go of it.
+func (q *Store) TryCleanupLock(ctx context.Context, conn *sql.Conn) (release func(), got bool, err error) {
+	return q.d.tryLock(ctx, conn, q.cleanupLockName())
+}
+
+// SetClaimIsolation sets the isolation level of the MySQL/MariaDB claim transactions (by default the
+// server's, REPEATABLE READ), for benchmarks that compare levels; other databases ignore it.
+func (q *Store) SetClaimIsolation(level sql.IsolationLevel) {
+	if d, ok := q.d.(*mysqlRelay); ok {
+		d.tx = &sql.TxOptions{Isolation: level}
 	}
-	if rows, err := w.sql.db.QueryContext(ctx, `SELECT `+w.sql.columns()+` FROM `+w.sql.table+` WHERE 1 = 0`); err != nil {
-		// No table, or one without the relay's columns: the claim fails, saying which (Run's
-		// checkTable has already failed on it).
-		return nil
-	} else if err := rows.Close(); err != nil {
-		return nil
+}
+
+// SetAfterClaimLock makes MySQL/MariaDB claims call fn between taking their row locks and stamping the
+// rows, for tests that cut the relay off there; other databases ignore it.
+func (q *Store) SetAfterClaimLock(fn func()) {
+	if d, ok := q.d.(*mysqlRelay); ok {
+		d.afterLock = fn
 	}
-	db := w.db.WithContext(ctx)
-	need := []struct{ what, name, fix string }{{"the claim index", claimIndexName(db, w.cfg.table), "outboxplugin.AutoMigrate(db)"}}
-	if w.cfg.keyOrdering {
-		need = append(need, struct{ what, name, fix string }{"per-key ordering's index", keyIndexName(w.cfg.table),
-			"outboxplugin.AutoMigrate(db, outboxplugin.WithKeyOrderingIndex())"})
-	}
-	for _, idx := range need {
-		exists, valid, err := indexState(db, w.cfg.table, idx.name)
-		if err != nil {
-			return fmt.Errorf("outboxplugin: look up %s: %w", idx.what, err)
-		}
-		if !exists || !valid {
-			state := "missing"
-			if exists {
-				state = "invalid (a failed CREATE INDEX CONCURRENTLY left it)"
-			}
-			return fmt.Errorf("outboxplugin: %w: %s, %s on %s, is %s; create it with %s",
-				errMissingIndex, idx.what, idx.name, w.cfg.table, state, idx.fix)
-		}
-	}
-	warnings, err := checkTable(db, w.cfg.table)
-	if err != nil {
-		return fmt.Errorf("outboxplugin: check the outbox table: %w", err)
-	}
-	for _, tw := range warnings {
-		// The same text as Admin.Stats, outbox status and the console give, so that one search finds
-		// the explanation whichever place an operator saw it in.
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: "+tw.String(),
-			slog.String("worker", w.owner), slog.String("table", w.cfg.table), slog.String("warning", string(tw.Code)))
-	}
-	w.prepared = true
-	return nil
 }

@@ -1,4 +1,4 @@
-package outboxplugin
+package store
 
 import (
 	"context"
@@ -59,11 +59,11 @@ type mysqlRelay struct {
 	times timeLiterals
 }
 
-func (d *mysqlRelay) build(q *relaySQL, p claimParts) {
+func (d *mysqlRelay) build(q *Store, p claimParts) {
 	// Read before the stamp: the unfinished-delivery mark as the stamp will set it. MariaDB sorts when
 	// an ORDER BY names the columns the predicate fixes, so each run names only the others.
 	cols := strings.Replace(prefixColumns("c.", returnedColumns), "c.last_error",
-		`CASE WHEN c.`+leaseHeld+` THEN '`+unfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
+		`CASE WHEN c.`+leaseHeld+` THEN '`+UnfinishedDelivery+`' ELSE c.last_error END AS last_error`, 1)
 	// The probe reads a batch of the fresh run; a relay that finds those held by other relays reads
 	// on, from the same snapshot (probeMore).
 	d.window = q.batchSize
@@ -90,13 +90,13 @@ type candidate struct {
 	due bool
 }
 
-func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now time.Time, prev *doneBatch, deleteDone bool) (claimed []claimedRow, marked int64, err error) {
+func (d *mysqlRelay) claim(ctx context.Context, q *Store, owner string, now time.Time, prev *Done, deleteDone bool) (claimed []Row, marked int64, err error) {
 	now = d.clock(now)
 	err = q.inTxAt(ctx, d.tx, func(tx *sql.Tx) error {
 		claimed = nil
 		if prev != nil {
 			var err error
-			if marked, err = q.markDone(ctx, tx, owner, *prev, deleteDone); err != nil {
+			if marked, err = q.MarkDone(ctx, tx, owner, *prev, deleteDone); err != nil {
 				return err
 			}
 		}
@@ -112,11 +112,11 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 			d.afterLock()
 		}
 		sortClaimed(claimed)
-		in, ids := d.idList(rowIDs(claimed))
+		in, ids := d.idList(RowIDs(claimed))
 		// The rows were read under their locks, with the unfinished-delivery mark as the stamp sets
 		// it: when none has it, no row's history changes, and the stamp need not touch the column.
 		stamp := d.claimStampFresh
-		if slices.ContainsFunc(claimed, func(r claimedRow) bool { return r.unfinished }) {
+		if slices.ContainsFunc(claimed, func(r Row) bool { return r.Unfinished }) {
 			stamp = d.claimStamp
 		}
 		head := append([]any{owner}, q.clock.laterArgs(now, q.lease, false)...)
@@ -129,7 +129,7 @@ func (d *mysqlRelay) claim(ctx context.Context, q *relaySQL, owner string, now t
 
 // probeCandidates reads the due run and a batch of the fresh run from the transaction's
 // snapshot, without locks.
-func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time) ([]candidate, error) {
+func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *Store, now time.Time) ([]candidate, error) {
 	query, args := d.literal(d.probe, q.clock.args(now, d.probeArgs))
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -150,7 +150,7 @@ func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *relaySQ
 }
 
 // probeFresh reads the ids of the fresh run's window past offset, from the transaction's snapshot.
-func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, offset int) ([]int64, error) {
+func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *Store, now time.Time, offset int) ([]int64, error) {
 	query, args := d.literal(d.probeMore, append(q.clock.args(now, d.probeMoreArgs), offset))
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -171,7 +171,7 @@ func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *relaySQL, no
 
 // lockCandidates locks the candidates by primary key, skipping those another relay holds and those
 // no longer pending, and returns up to a batch of them: the due ones first.
-func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL, now time.Time, cands []candidate) ([]claimedRow, error) {
+func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *Store, now time.Time, cands []candidate) ([]Row, error) {
 	var due, fresh []int64
 	for _, c := range cands {
 		if c.due {
@@ -180,7 +180,7 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *relaySQL
 			fresh = append(fresh, c.id)
 		}
 	}
-	var claimed []claimedRow
+	var claimed []Row
 	if len(due) > 0 {
 		in, ids := inList(due)
 		query, args := d.literal(strings.Replace(d.lockDue, "c.id IN (%s)", "c."+in, 1), append(ids, q.clock.args(now, d.lockDueArgs)...))
@@ -361,7 +361,7 @@ func (*mysqlRelay) renew(ctx context.Context, db *sql.DB, query string, args []a
 // application's inserts waited for every chunk, and for as long as the chunk waited on a row lock
 // (TestCleanupRunsBesideThePublishingLoop).
 //
-// The rows are read from the claim index (Admin.processedGroup): its run of processed rows, up to the
+// The rows are read from the claim index (outboxplugin.Admin.processedGroup): its run of processed rows, up to the
 // cutoff. A relay of a version before the mark cleared next_attempt_at (markProcessed) leaves its
 // retried and delayed rows outside that run, in the next one, ordered by that time: they are taken
 // once it too lies before the cutoff (the time is never before created_at, unless a DeliverAt was set
