@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
+	"github.com/gorm-outbox/outboxplugin/internal/relay/wakeup"
 )
 
 // ErrUnsupportedDialect is returned by the worker on a database other than PostgreSQL, MySQL/MariaDB
@@ -212,7 +213,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if listening {
 		go func() {
 			defer close(done)
-			w.listen(runCtx)
+			w.listenForWakeUps(runCtx)
 		}()
 	} else {
 		close(done)
@@ -592,4 +593,18 @@ func (w *Worker) prepareTable(ctx context.Context) error {
 	}
 	w.prepared = true
 	return nil
+}
+
+// listenForWakeUps wakes Run at every notification of a commit on PostgreSQL until ctx ends (see
+// wakeup.Listener), on a connection of the pool that db's *sql.DB is; a pool without one leaves Run
+// to its polling, which it says once.
+func (w *Worker) listenForWakeUps(ctx context.Context) {
+	sqlDB, err := w.db.DB()
+	if err != nil {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: no LISTEN wake-up, polling only",
+			slog.String("worker", w.owner), slog.Any("reason", fmt.Errorf("%w: %w", wakeup.ErrUnsupported, err)))
+		return
+	}
+	wakeup.Listener{DB: sqlDB, Table: w.cfg.table, Wake: w.Wake, Logger: w.cfg.logger,
+		Attrs: []slog.Attr{slog.String("worker", w.owner)}}.Run(ctx)
 }
