@@ -1,77 +1,41 @@
 package inbox_test
 
 import (
-	"crypto/rand"
-	"database/sql"
-	"encoding/hex"
-	"os"
-	"path/filepath"
 	"testing"
 
-	_ "github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outboxplugin/internal/testdb"
 )
 
 // The tests run on SQLite, and on PostgreSQL and MariaDB/MySQL in a database of each test's own when
-// the servers are reachable (OUTBOX_POSTGRES_DSN, OUTBOX_MYSQL_DSN override the defaults; with
-// OUTBOX_REQUIRE_DBS=1 an unreachable server fails the test instead of skipping it).
+// the servers are reachable (internal/testdb: OUTBOX_POSTGRES_DSN, OUTBOX_MYSQL_DSN override the
+// defaults; with OUTBOX_REQUIRE_DBS=1 an unreachable server fails the test instead of skipping it).
+// Every database is named with testPrefix, and TestMain fails the run when the tests left one behind.
 
-func randomHex() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+var testPrefix = testdb.Prefix("inbox")
 
-// server is a database server the tests make databases of their own on.
-type server struct {
-	name, driver, dsn string
-	// dbDSN is the DSN of database name on the server.
-	dbDSN func(name string) string
-}
+func TestMain(m *testing.M) { testdb.Main(m, testPrefix) }
 
-var (
-	postgresServer = &server{
-		name: "postgres", driver: "pgx", dsn: envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable"),
-		dbDSN: func(name string) string {
-			return envOr("OUTBOX_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable") + " dbname=" + name
-		},
-	}
-	mysqlServer = &server{
-		name: "mysql", driver: "mysql", dsn: envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/"),
-		dbDSN: func(name string) string {
-			return envOr("OUTBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/") + name + "?parseTime=true"
-		},
-	}
-)
+func randomHex() string { return testdb.RandomHex() }
 
-// target is a way the tests drive a database: SQLite, PostgreSQL, MariaDB, and MariaDB driven the
-// way GORM drives MySQL 8 (no RETURNING; no MySQL 8 server can be had here).
+var postgresServer = testdb.Postgres
+
+// target is a way the tests drive a database (testdb.Targets): SQLite, PostgreSQL, MariaDB, and
+// MariaDB driven the way GORM drives MySQL 8.
 type target struct {
+	testdb.Target
 	name   string
-	server *server // nil: SQLite
-	open   func(dsn string) gorm.Dialector
+	server *testdb.Server // nil: SQLite
 }
 
-var targets = []target{
-	{name: "sqlite", open: func(dsn string) gorm.Dialector { return sqlite.Open(dsn) }},
-	{name: "postgres", server: postgresServer, open: func(dsn string) gorm.Dialector { return postgres.Open(dsn) }},
-	{name: "mysql", server: mysqlServer, open: func(dsn string) gorm.Dialector { return mysql.Open(dsn) }},
-	{name: "mysql_noreturning", server: mysqlServer, open: func(dsn string) gorm.Dialector {
-		return mysql.New(mysql.Config{DSN: dsn, DisableWithReturning: true})
-	}},
-}
-
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
+var targets = func() []target {
+	out := make([]target, len(testdb.Targets))
+	for i, tg := range testdb.Targets {
+		out[i] = target{Target: tg, name: tg.Name, server: tg.Server}
 	}
-	return def
-}
+	return out
+}()
 
 // forEachDB runs test on each target, each with an empty database of its own.
 func forEachDB(t *testing.T, test func(t *testing.T, db *gorm.DB)) {
@@ -101,61 +65,11 @@ func forEachServer(t *testing.T, test func(t *testing.T, db *gorm.DB, reopen fun
 // returns its DSN.
 func (tg target) newDatabase(t testing.TB) string {
 	t.Helper()
-	if tg.server == nil {
-		return "file:" + filepath.Join(t.TempDir(), "inbox-"+randomHex()+".db") + "?_busy_timeout=5000&_journal_mode=WAL"
-	}
-	return serverDB(t, *tg.server)
+	return tg.NewDatabase(t, testPrefix)
 }
 
 // openDB opens a pool of dsn, closed when t ends.
 func (tg target) openDB(t testing.TB, dsn string) *gorm.DB {
 	t.Helper()
-	db, err := gorm.Open(tg.open(dsn), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeDB(db) })
-	return db
-}
-
-// serverDB creates a database of t's own on s, dropped when t ends, and returns its DSN.
-func serverDB(t testing.TB, s server) string {
-	t.Helper()
-	admin, err := sql.Open(s.driver, s.dsn)
-	if err == nil {
-		err = admin.Ping()
-	}
-	if err != nil {
-		if os.Getenv("OUTBOX_REQUIRE_DBS") == "1" {
-			t.Fatalf("%s unreachable and OUTBOX_REQUIRE_DBS=1: %v", s.name, err)
-		}
-		t.Skipf("%s unreachable: %v", s.name, err)
-	}
-	defer admin.Close()
-	name := testName("db")
-	if _, err := admin.Exec("CREATE DATABASE " + name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		admin, err := sql.Open(s.driver, s.dsn)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer admin.Close()
-		drop := "DROP DATABASE IF EXISTS " + name
-		if s.name == "postgres" {
-			drop += " WITH (FORCE)"
-		}
-		if _, err := admin.Exec(drop); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	return s.dbDSN(name)
-}
-
-func closeDB(db *gorm.DB) {
-	if s, err := db.DB(); err == nil {
-		s.Close()
-	}
+	return tg.OpenDB(t, dsn)
 }
