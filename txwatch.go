@@ -12,6 +12,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin/internal/capture/txsql"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlerr"
 )
 
@@ -38,7 +39,7 @@ import (
 // statement until the rollback) is recovered from exactly as without the plugin. Transaction
 // statements are recognised on every path GORM gives them to the connection (Exec, Raw(...).Row,
 // Rows and Scan, the connection's ExecContext, QueryContext and QueryRowContext, prepared statements
-// of PrepareStmt), with comments before them and in any letter case (txstatement.go).
+// of PrepareStmt), with comments before them and in any letter case (internal/capture/txsql).
 //
 // Held events are written with the context the transaction was begun with, carrying the values of
 // the statement that held the last of them: a statement's own context (a per-call timeout that has
@@ -85,7 +86,7 @@ type txWatch struct {
 
 	workers sync.Map // *Worker -> struct{}: running workers of this process on the channel's table
 
-	prepared preparedTxStatements // transaction statements prepared on the pool (PrepareStmt)
+	prepared txsql.Prepared // transaction statements prepared on the pool (PrepareStmt)
 
 	// rollbackOnTimeout is MySQL's innodb_rollback_on_timeout, read at the first lock wait timeout:
 	// 0 not read yet, 1 off (a timeout undoes the statement), 2 on (the whole transaction).
@@ -241,7 +242,7 @@ func (p *watchedPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.Co
 func (p *watchedPool) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
 	stmt, err := p.ConnPool.PrepareContext(ctx, query)
 	if err == nil {
-		p.cw.prepared.remember(stmt, parseTxStatement(query, p.cw.dialect == "postgres"))
+		p.cw.prepared.Remember(stmt, txsql.Parse(query, p.cw.dialect == "postgres"))
 	}
 	return stmt, err
 }
@@ -524,7 +525,7 @@ func (t *watchedTx) Rollback() error {
 // ExecContext runs a statement on the transaction's connection. A transaction statement is acted on
 // when the database has run it (see before and after).
 func (t *watchedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	s := parseTxStatement(query, t.cw.dialect == "postgres")
+	s := txsql.Parse(query, t.cw.dialect == "postgres")
 	if err := t.before(s); err != nil {
 		return nil, err
 	}
@@ -541,7 +542,7 @@ func (t *watchedTx) ExecContext(ctx context.Context, query string, args ...any) 
 // (Raw(...).Rows, Scan) is acted on before it is sent, when its context has not ended: some drivers
 // run the statement only when its rows are read, after this returns.
 func (t *watchedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	s := parseTxStatement(query, t.cw.dialect == "postgres")
+	s := txsql.Parse(query, t.cw.dialect == "postgres")
 	if err := t.before(s); err != nil {
 		return nil, err
 	}
@@ -557,8 +558,8 @@ func (t *watchedTx) QueryContext(ctx context.Context, query string, args ...any)
 
 // QueryRowContext is QueryContext for one row (Raw(...).Row).
 func (t *watchedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	s := parseTxStatement(query, t.cw.dialect == "postgres")
-	if s.kind != txOther {
+	s := txsql.Parse(query, t.cw.dialect == "postgres")
+	if s.Kind != txsql.Other {
 		if err := t.before(s); err == nil && ctx.Err() == nil {
 			t.after(s)
 		}
@@ -573,7 +574,7 @@ func (t *watchedTx) QueryRowContext(ctx context.Context, query string, args ...a
 func (t *watchedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
 	stmt, err := t.Tx.PrepareContext(ctx, query)
 	if err == nil {
-		t.cw.prepared.remember(stmt, parseTxStatement(query, t.cw.dialect == "postgres"))
+		t.cw.prepared.Remember(stmt, txsql.Parse(query, t.cw.dialect == "postgres"))
 	}
 	return stmt, err
 }
@@ -582,7 +583,7 @@ func (t *watchedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt
 // of a transaction through it, right before executing it. A transaction statement is acted on then,
 // as QueryContext does.
 func (t *watchedTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
-	if s, ok := t.cw.prepared.lookup(stmt); ok {
+	if s, ok := t.cw.prepared.Lookup(stmt); ok {
 		if err := t.before(s); err == nil && ctx.Err() == nil {
 			t.after(s)
 		}
@@ -595,9 +596,9 @@ func (t *watchedTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
 // statement that may commit. A ROLLBACK is never preceded by a write: the transaction may be one the
 // database refuses every statement in until the rollback (PostgreSQL after an error). Nothing but a
 // ROLLBACK is sent in a transaction the database rolled back whole.
-func (t *watchedTx) before(s txStatement) error {
-	switch s.kind {
-	case txRollback, txRollbackTo:
+func (t *watchedTx) before(s txsql.Statement) error {
+	switch s.Kind {
+	case txsql.Rollback, txsql.RollbackTo:
 		return nil
 	}
 	t.mu.Lock()
@@ -606,23 +607,23 @@ func (t *watchedTx) before(s txStatement) error {
 	if rolledBack != nil {
 		return rolledBack
 	}
-	switch s.kind {
-	case txSavepoint, txCommit, txMayCommit:
+	switch s.Kind {
+	case txsql.Savepoint, txsql.Commit, txsql.MayCommit:
 		if !holding {
 			return nil
 		}
 		if err := t.flush(true); err != nil {
-			return fmt.Errorf("%w (written before %s)", err, txStatementName(s.kind))
+			return fmt.Errorf("%w (written before %s)", err, txStatementName(s.Kind))
 		}
 	}
 	return nil
 }
 
-func txStatementName(k txStatementKind) string {
+func txStatementName(k txsql.Kind) string {
 	switch k {
-	case txSavepoint:
+	case txsql.Savepoint:
 		return "SAVEPOINT"
-	case txCommit:
+	case txsql.Commit:
 		return "COMMIT"
 	}
 	return "a statement that may commit"
@@ -633,28 +634,28 @@ func txStatementName(k txStatementKind) string {
 // did not see set (SQL sent around GORM, on SQLTx's *sql.Tx) while events are held cannot be
 // matched with them: the transaction is failed instead of committing with events of rows that are
 // gone or without events of rows that stay.
-func (t *watchedTx) after(s txStatement) {
+func (t *watchedTx) after(s txsql.Statement) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	switch s.kind {
-	case txSavepoint:
+	switch s.Kind {
+	case txsql.Savepoint:
 		if t.cw.dialect == "mysql" {
 			// MySQL and MariaDB replace a savepoint of the same name; the others stack it.
-			if i := t.savepointIndex(s.savepoint); i >= 0 {
+			if i := t.savepointIndex(s.Savepoint); i >= 0 {
 				t.savepoints = append(t.savepoints[:i], t.savepoints[i+1:]...)
 				if t.failed != nil && i < t.failedDepth {
 					t.failedDepth--
 				}
 			}
 		}
-		t.savepoints = append(t.savepoints, s.savepoint)
-	case txRelease:
-		if i := t.savepointIndex(s.savepoint); i >= 0 {
+		t.savepoints = append(t.savepoints, s.Savepoint)
+	case txsql.Release:
+		if i := t.savepointIndex(s.Savepoint); i >= 0 {
 			t.savepoints = t.savepoints[:i] // released with every later one
 			t.failedDepth = min(t.failedDepth, i)
 		}
-	case txRollbackTo:
-		i := t.savepointIndex(s.savepoint)
+	case txsql.RollbackTo:
+		i := t.savepointIndex(s.Savepoint)
 		if i >= 0 {
 			if t.failed != nil && i < t.failedDepth {
 				t.failed = nil // the rollback undoes what failed
@@ -662,19 +663,19 @@ func (t *watchedTx) after(s txStatement) {
 			t.savepoints = t.savepoints[:i+1] // later ones are gone; this one stays
 		} else if len(t.held) > 0 && t.failed == nil {
 			t.failed = fmt.Errorf("outboxplugin: %w: ROLLBACK TO SAVEPOINT %s while events of %s were held; set savepoints through GORM (Exec, SavePoint, Transaction) or the transaction's connection",
-				ErrUnknownSavepoint, s.savepoint, describeOrigins(t.origins))
+				ErrUnknownSavepoint, s.Savepoint, describeOrigins(t.origins))
 			t.failedDepth = 0
 		}
 		t.dropLocked()
-	case txRollback:
+	case txsql.Rollback:
 		t.dropLocked()
 		t.savepoints, t.failed = nil, nil
-		if !s.chain {
+		if !s.Chain {
 			t.ended = fmt.Errorf("outboxplugin: %w by a ROLLBACK statement: a write after it would commit on its own, without its event in the same transaction", ErrTransactionEnded)
 		}
-	case txCommit:
+	case txsql.Commit:
 		t.savepoints = nil
-		if !s.chain {
+		if !s.Chain {
 			t.ended = fmt.Errorf("outboxplugin: %w by a COMMIT statement: a write after it would commit on its own, without its event in the same transaction", ErrTransactionEnded)
 		}
 	}
@@ -795,8 +796,8 @@ func (p *Plugin) flushBeforeExec(db *gorm.DB) {
 		return
 	}
 	query := db.Statement.SQL.String()
-	s := parseTxStatement(query, db.Dialector.Name() == "postgres")
-	if s.kind != txOther {
+	s := txsql.Parse(query, db.Dialector.Name() == "postgres")
+	if s.Kind != txsql.Other {
 		return
 	}
 	if err := t.rolledBackErr(); err != nil {
@@ -804,7 +805,7 @@ func (p *Plugin) flushBeforeExec(db *gorm.DB) {
 		return
 	}
 	if t.holding() {
-		flushFor(db, t, leadingKeyword(query))
+		flushFor(db, t, txsql.LeadingKeyword(query))
 	}
 }
 

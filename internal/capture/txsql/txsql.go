@@ -1,4 +1,10 @@
-package outboxplugin
+// Package txsql reads what a statement does to the transaction it is sent in: a savepoint set,
+// released or rolled back to, a rollback, a commit, or (MySQL, MariaDB) a statement the server commits
+// the transaction before. The capture's transaction watch (the root package's txwatch.go) acts on it,
+// so that events held for a transaction follow its savepoints and end with it. It also remembers the
+// transaction statements prepared as *sql.Stmt (GORM's PrepareStmt), whose text is not seen again when
+// they run.
+package txsql
 
 import (
 	"database/sql"
@@ -9,43 +15,43 @@ import (
 )
 
 // What a statement sent inside a watched transaction does to the transaction itself. The watch
-// (txwatch.go) reads the text of every statement that reaches the transaction's connection — through
+// (the root package's txwatch.go) reads the text of every statement that reaches the transaction's connection — through
 // Exec, Raw(...).Row/Rows/Scan, the connection's ExecContext/QueryContext/QueryRowContext, or a
 // prepared statement — and acts on those that mark a savepoint, undo work or end the transaction.
 
-// txStatementKind is what a statement does to its transaction.
-type txStatementKind int
+// Kind is what a statement does to its transaction.
+type Kind int
 
 const (
-	// txOther: a statement that leaves the transaction as it is (SELECT, INSERT, UPDATE, DELETE, …).
-	txOther txStatementKind = iota
-	// txSavepoint: SAVEPOINT name.
-	txSavepoint
-	// txRelease: RELEASE [SAVEPOINT] name.
-	txRelease
-	// txRollbackTo: ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name.
-	txRollbackTo
-	// txRollback: ROLLBACK or ABORT of the whole transaction, with or without AND CHAIN.
-	txRollback
-	// txCommit: COMMIT, END or PREPARE TRANSACTION: the transaction's work is committed (or prepared
+	// Other: a statement that leaves the transaction as it is (SELECT, INSERT, UPDATE, DELETE, …).
+	Other Kind = iota
+	// Savepoint: SAVEPOINT name.
+	Savepoint
+	// Release: RELEASE [SAVEPOINT] name.
+	Release
+	// RollbackTo: ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name.
+	RollbackTo
+	// Rollback: ROLLBACK or ABORT of the whole transaction, with or without AND CHAIN.
+	Rollback
+	// Commit: COMMIT, END or PREPARE TRANSACTION: the transaction's work is committed (or prepared
 	// for a two-phase commit) and its savepoints are gone.
-	txCommit
-	// txMayCommit: a statement MySQL and MariaDB commit the open transaction before (DDL, BEGIN,
+	Commit
+	// MayCommit: a statement MySQL and MariaDB commit the open transaction before (DDL, BEGIN,
 	// START TRANSACTION, LOCK TABLES, SET autocommit = 1, …). Held events are written before it. On
 	// the other databases, where such statements leave the transaction open, and for a SET that
 	// assigns something else, writing them early costs a round trip and changes nothing else; the
 	// savepoints are kept, since the statement may not have committed.
-	txMayCommit
+	MayCommit
 )
 
-// txStatement is a statement's effect on its transaction, with the savepoint it names.
-type txStatement struct {
-	kind txStatementKind
+// Statement is a statement's effect on its transaction, with the savepoint it names.
+type Statement struct {
+	Kind Kind
 	// savepoint is the name as the database compares it: unquoted names folded to lower case, quoted
 	// ones kept as written on PostgreSQL (see sqlScanner.name).
-	savepoint string
-	// chain: a COMMIT or ROLLBACK AND CHAIN, which begins a new transaction at once.
-	chain bool
+	Savepoint string
+	// Chain: a COMMIT or ROLLBACK AND CHAIN, which begins a new transaction at once.
+	Chain bool
 }
 
 // implicitCommitWords are the first words of statements that MySQL and MariaDB commit the open
@@ -58,54 +64,54 @@ var implicitCommitWords = map[string]bool{
 	"CACHE": true, "RESET": true, "XA": true, "SET": true,
 }
 
-// parseTxStatement reads what query does to its transaction. Leading blanks and comments (/* … */,
+// Parse reads what query does to its transaction. Leading blanks and comments (/* … */,
 // -- …, # …) are skipped and keywords are matched in any letter case, so that a statement carrying
 // an application's comment or written in lower case is recognised as the database recognises it.
-func parseTxStatement(query string, pg bool) txStatement {
+func Parse(query string, pg bool) Statement {
 	s := sqlScanner{src: query}
 	switch s.keyword() {
 	case "SAVEPOINT":
-		return txStatement{kind: txSavepoint, savepoint: s.name(pg)}
+		return Statement{Kind: Savepoint, Savepoint: s.name(pg)}
 	case "RELEASE":
 		s.optional("SAVEPOINT")
-		return txStatement{kind: txRelease, savepoint: s.name(pg)}
+		return Statement{Kind: Release, Savepoint: s.name(pg)}
 	case "ROLLBACK", "ABORT":
 		if !s.optional("WORK") {
 			s.optional("TRANSACTION")
 		}
 		if s.optional("PREPARED") {
-			return txStatement{} // ROLLBACK PREPARED 'id': another, prepared transaction
+			return Statement{} // ROLLBACK PREPARED 'id': another, prepared transaction
 		}
 		if s.optional("TO") {
 			s.optional("SAVEPOINT")
-			return txStatement{kind: txRollbackTo, savepoint: s.name(pg)}
+			return Statement{Kind: RollbackTo, Savepoint: s.name(pg)}
 		}
-		return txStatement{kind: txRollback, chain: s.andChain()}
+		return Statement{Kind: Rollback, Chain: s.andChain()}
 	case "COMMIT", "END":
 		if s.optional("PREPARED") {
-			return txStatement{}
+			return Statement{}
 		}
 		if !s.optional("WORK") {
 			s.optional("TRANSACTION")
 		}
-		return txStatement{kind: txCommit, chain: s.andChain()}
+		return Statement{Kind: Commit, Chain: s.andChain()}
 	case "PREPARE":
 		if s.optional("TRANSACTION") {
-			return txStatement{kind: txCommit}
+			return Statement{Kind: Commit}
 		}
-		return txStatement{}
+		return Statement{}
 	case "":
-		return txStatement{}
+		return Statement{}
 	default:
 		if implicitCommitWords[s.last] {
-			return txStatement{kind: txMayCommit}
+			return Statement{Kind: MayCommit}
 		}
-		return txStatement{}
+		return Statement{}
 	}
 }
 
-// leadingKeyword is the first word of query in upper case, after blanks and comments: "UPDATE".
-func leadingKeyword(query string) string {
+// LeadingKeyword is the first word of query in upper case, after blanks and comments: "UPDATE".
+func LeadingKeyword(query string) string {
 	s := sqlScanner{src: query}
 	return s.keyword()
 }
@@ -228,16 +234,16 @@ func isWordByte(c byte, ident bool) bool {
 	return false
 }
 
-// preparedTxStatements are the transaction statements prepared on a pool or in its transactions, by
+// Prepared are the transaction statements prepared on a pool or in its transactions, by
 // prepared statement: GORM's PrepareStmt runs a statement as a *sql.Stmt, whose text the transaction
 // no longer sees when it runs. An entry lives as long as its statement.
-type preparedTxStatements struct {
-	m sync.Map // weak.Pointer[sql.Stmt] -> txStatement
+type Prepared struct {
+	m sync.Map // weak.Pointer[sql.Stmt] -> Statement
 }
 
-// remember records what stmt does, when it is a transaction statement.
-func (r *preparedTxStatements) remember(stmt *sql.Stmt, s txStatement) {
-	if s.kind == txOther || stmt == nil {
+// Remember records what stmt does, when it is a transaction statement.
+func (r *Prepared) Remember(stmt *sql.Stmt, s Statement) {
+	if s.Kind == Other || stmt == nil {
 		return
 	}
 	key := weak.Make(stmt)
@@ -246,11 +252,11 @@ func (r *preparedTxStatements) remember(stmt *sql.Stmt, s txStatement) {
 	}
 }
 
-// lookup returns what stmt does, when it is a transaction statement.
-func (r *preparedTxStatements) lookup(stmt *sql.Stmt) (txStatement, bool) {
+// Lookup returns what stmt does, when it is a transaction statement.
+func (r *Prepared) Lookup(stmt *sql.Stmt) (Statement, bool) {
 	v, ok := r.m.Load(weak.Make(stmt))
 	if !ok {
-		return txStatement{}, false
+		return Statement{}, false
 	}
-	return v.(txStatement), true
+	return v.(Statement), true
 }
