@@ -77,14 +77,16 @@ func TestNewIsUniqueAcrossGoroutines(t *testing.T) {
 }
 
 func TestTime(t *testing.T) {
-	at := time.Date(2026, 12, 3, 17, 4, 5, 678_000_000, time.UTC)
-	made := newAt(at.UnixMilli() + 10_000_000) // ahead of every other test's clock: its own timestamp
+	// An hour ahead of the clock and of every other test's ticks (a few seconds ahead at most), so
+	// that the id keeps its own timestamp: a fixed date became the past, and the process's clock won.
+	at := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+	made := newAt(at.UnixMilli())
 	for _, tc := range []struct {
 		id   string
 		want time.Time
 		ok   bool
 	}{
-		{made, at.Add(10_000_000 * time.Millisecond), true},
+		{made, at, true},
 		{"017f22e2-79b0-7cc3-98c4-dc0c0c07398f", time.UnixMilli(0x017f22e279b0).UTC(), true}, // RFC 9562, appendix A.6
 		{"017f22e2-79b0-4cc3-98c4-dc0c0c07398f", time.Time{}, false},                         // version 4
 		{"017f22e2-79b0-7cc3-98c4-dc0c0c07398", time.Time{}, false},                          // short
