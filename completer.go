@@ -8,16 +8,17 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gorm-outbox/outboxplugin/internal/relay"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
-// Recording what became of a batch: decide (outcome.go) says what to write for each row, and the
+// Recording what became of a batch: relay.Decide (internal/relay) says what to write for each row, and the
 // functions here write it — in one statement, or one transaction — report it to the observer and log it.
 
 // completeBatch records the outcome of a published batch, or — when carry is allowed and the batch
 // was full and published completely — returns it for the next claim to mark.
 func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool) (published int, next *carriedBatch, outage bool, err error) {
-	allDelivered := !slices.ContainsFunc(c.out, func(d delivery) bool { return d.kind != delivered })
+	allDelivered := !slices.ContainsFunc(c.out, func(d relay.Delivery) bool { return d.Kind != relay.Delivered })
 	if carry && allDelivered && len(c.rows) == w.cfg.batchSize && !w.cfg.keyOrdering && ctx.Err() == nil && !c.handBack {
 		res := c.res
 		res.Published = c.msgs
@@ -32,7 +33,7 @@ func (w *Worker) completeBatch(ctx context.Context, c *claimedBatch, carry bool)
 		return 0, nil, false, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
 	}
 	w.report(ctx, res)
-	return len(res.Published), nil, o.outage, nil
+	return len(res.Published), nil, o.Outage, nil
 }
 
 // report logs what failed in a recorded batch, and gives the observer the batch and each event it
@@ -78,39 +79,39 @@ func (w *Worker) noteLeaseLost(ctx context.Context, res *BatchResult, published 
 		slog.String("worker", w.owner), slog.Int("events", res.LeaseLost))
 }
 
-// finish records the outcome of a batch (see decide): published rows done, refused rows scheduled
+// finish records the outcome of a batch (see relay.Decide): published rows done, refused rows scheduled
 // for retry or dead, rows not delivered handed back. Several statements run in one transaction; one
 // runs alone. With handBack (the lease ran out), as when the worker is stopping, the rows not
 // delivered are handed back with their attempt given back and nothing recorded against them.
-func (w *Worker) finish(ctx context.Context, rows []store.Row, out []delivery, res *BatchResult, handBack bool) (outcome, error) {
+func (w *Worker) finish(ctx context.Context, rows []store.Row, out []relay.Delivery, res *BatchResult, handBack bool) (relay.Outcome, error) {
 	now := w.wallClock(time.Now())
-	o := decide(rows, out, ctx.Err() != nil || handBack, w.cfg.maxAttempts, w.cfg.retry, now)
-	for _, r := range o.done {
+	o := relay.Decide(rows, out, ctx.Err() != nil || handBack, w.cfg.maxAttempts, w.cfg.retry.Backoff, now)
+	for _, r := range o.Done {
 		res.Published = append(res.Published, Message(r.Msg))
 	}
-	res.Failed = o.failed
-	res.NotDelivered = o.unsent
-	res.Released = o.stopped
+	res.Failed = failedMessages(o.Failed)
+	res.NotDelivered = failedMessages(o.Unsent)
+	res.Released = o.Stopped
 
 	var marked int64
 	var steps []func(context.Context, store.Execer) error
-	if len(o.done) > 0 {
+	if len(o.Done) > 0 {
 		steps = append(steps, func(ctx context.Context, ex store.Execer) (err error) {
-			marked, err = w.sql.MarkDone(ctx, ex, w.owner, store.Done{IDs: store.RowIDs(o.done), Ctids: store.RowCtids(o.done), Now: now}, w.cfg.deleteOnPublish)
+			marked, err = w.sql.MarkDone(ctx, ex, w.owner, store.Done{IDs: store.RowIDs(o.Done), Ctids: store.RowCtids(o.Done), Now: now}, w.cfg.deleteOnPublish)
 			return err
 		})
 	}
-	for _, g := range o.retries {
+	for _, g := range o.Retries {
 		steps = append(steps, func(ctx context.Context, ex store.Execer) error {
-			return w.sql.MarkRetry(ctx, ex, w.owner, g.ids, g.err, now, g.next.Sub(now), g.attempt)
+			return w.sql.MarkRetry(ctx, ex, w.owner, g.IDs, g.Err, now, g.Next.Sub(now), g.Attempt)
 		})
 	}
-	for _, d := range o.dead {
+	for _, d := range o.Dead {
 		steps = append(steps, func(ctx context.Context, ex store.Execer) error {
-			return w.sql.MarkDead(ctx, ex, w.owner, []int64{d.id}, d.err, now, d.attempt)
+			return w.sql.MarkDead(ctx, ex, w.owner, []int64{d.ID}, d.Err, now, d.Attempt)
 		})
 	}
-	for _, g := range groupReleased(o.released) {
+	for _, g := range groupReleased(o.Released) {
 		steps = append(steps, func(ctx context.Context, ex store.Execer) error {
 			return w.sql.Release(ctx, ex, w.owner, g.ids, g.err)
 		})
@@ -135,7 +136,7 @@ func (w *Worker) finish(ctx context.Context, rows []store.Row, out []delivery, r
 	if err != nil {
 		return o, err
 	}
-	w.noteLeaseLost(ctx, res, len(o.done), marked)
+	w.noteLeaseLost(ctx, res, len(o.Done), marked)
 	return o, nil
 }
 
@@ -145,15 +146,15 @@ type releasedGroup struct {
 	err string
 }
 
-func groupReleased(rows []releasedRow) []releasedGroup {
+func groupReleased(rows []relay.ReleasedRow) []releasedGroup {
 	var groups []releasedGroup
 	for _, r := range rows {
-		i := slices.IndexFunc(groups, func(g releasedGroup) bool { return g.err == r.err })
+		i := slices.IndexFunc(groups, func(g releasedGroup) bool { return g.err == r.Err })
 		if i < 0 {
-			groups = append(groups, releasedGroup{err: r.err})
+			groups = append(groups, releasedGroup{err: r.Err})
 			i = len(groups) - 1
 		}
-		groups[i].ids = append(groups[i].ids, r.id)
+		groups[i].ids = append(groups[i].ids, r.ID)
 	}
 	return groups
 }
@@ -165,12 +166,14 @@ func appendNew(list []string, s string) []string {
 	return append(list, s)
 }
 
-// errorText is err's text as last_error keeps it: at most 2000 bytes, cut on a rune boundary, with
-// what the databases refuse in a text replaced (see cutText): a cut in the middle of a character, or
-// a NUL, made the statement recording the failure fail.
-func errorText(err error) string {
-	if err == nil {
-		return ""
+// failedMessages are a decision's failures as BatchResult reports them.
+func failedMessages(fs []relay.Failure) []FailedMessage {
+	if fs == nil {
+		return nil
 	}
-	return cutText(err.Error(), 2000)
+	out := make([]FailedMessage, len(fs))
+	for i, f := range fs {
+		out[i] = FailedMessage{Message: Message(f.Msg), Err: f.Err, Dead: f.Dead, NextAttempt: f.NextAttempt}
+	}
+	return out
 }

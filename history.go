@@ -6,15 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
+	"github.com/gorm-outbox/outboxplugin/internal/relay/failure"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
@@ -74,15 +72,6 @@ type Attempt struct {
 // died, or stalled past its lease, and another relay took the event over.
 func (a Attempt) Unfinished() bool { return a.Error == store.UnfinishedDelivery }
 
-// storedAttempt is an entry of the attempt_history column.
-type storedAttempt struct {
-	At         string   `json:"at"`
-	Attempt    int      `json:"attempt"`
-	Worker     string   `json:"worker"`
-	Error      string   `json:"error"`
-	DurationMS *float64 `json:"duration_ms,omitempty"`
-}
-
 // AttemptHistory is the attempt_history column of the outbox table: a JSON array of the event's last
 // failed attempts, oldest first, or nil (SQL NULL) while it has none. It is stored as jsonb on
 // PostgreSQL (the relay appends to it with jsonb's functions), json on MySQL and MariaDB, and text on
@@ -94,7 +83,7 @@ func (h AttemptHistory) Attempts() ([]Attempt, error) {
 	if len(bytes.TrimSpace(h)) == 0 || string(h) == "null" {
 		return nil, nil
 	}
-	var stored []storedAttempt
+	var stored []failure.Entry
 	if err := json.Unmarshal(h, &stored); err != nil {
 		return nil, fmt.Errorf("outboxplugin: attempt history: %w", err)
 	}
@@ -165,105 +154,4 @@ func (AttemptHistory) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
 	default:
 		return "text"
 	}
-}
-
-// attemptRecord is the failed attempt a failure statement appends to its rows' histories (with the
-// worker's owner id): the rows of one statement failed alike, in one publish, at the same attempt.
-type attemptRecord struct {
-	at     time.Time
-	number int
-	err    string // bounded (boundAttemptError)
-	took   time.Duration
-}
-
-// failedAttempt is the record of a refused delivery of a message at attempt number, whose publish took
-// took: err, cut to MaxAttemptErrorBytes.
-func failedAttempt(at time.Time, number int, err error, took time.Duration) attemptRecord {
-	text := ""
-	if err != nil {
-		text = err.Error()
-	}
-	return attemptRecord{at: at, number: number, err: boundAttemptError(text), took: took}
-}
-
-// Entry is the record as the JSON object the column keeps.
-func (r attemptRecord) Entry(worker string) string {
-	ms := float64(r.took.Microseconds()) / 1000
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	// <, > and & as they are: boundAttemptError counts them as one byte each.
-	enc.SetEscapeHTML(false)
-	// A struct of strings and numbers always encodes.
-	_ = enc.Encode(storedAttempt{At: r.at.UTC().Format(time.RFC3339Nano), Attempt: r.number, Worker: worker, Error: r.err, DurationMS: &ms})
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
-// boundAttemptError returns s as storableText makes it, cut so that its JSON-escaped form takes at
-// most MaxAttemptErrorBytes, on a rune boundary, with a marker saying how long s was. The escaped
-// length is counted as encoding/json (and, after it, the databases) write a string: a quote or a
-// backslash takes 2 bytes, a control character up to 6, U+2028 and U+2029 6; so the bound holds for
-// the entry as stored, whatever s holds — a megabyte of text, or of control characters.
-func boundAttemptError(s string) string {
-	valid := storableText(s)
-	if escapedLen(valid, MaxAttemptErrorBytes+1) <= MaxAttemptErrorBytes {
-		return valid
-	}
-	marker := " … [cut: " + strconv.Itoa(len(s)) + " bytes in all]"
-	budget := MaxAttemptErrorBytes - len(marker) // the marker needs no escaping
-	n, cut := 0, 0
-	for i, r := range valid {
-		c := escapedRuneLen(r)
-		if n+c > budget {
-			break
-		}
-		n += c
-		cut = i + utf8.RuneLen(r)
-	}
-	return valid[:cut] + marker
-}
-
-// storableText returns s with what the databases refuse in a text (and PostgreSQL in a jsonb string)
-// replaced by U+FFFD: invalid UTF-8, and NUL. An error text holds whatever a broker or a client library
-// put in it, and a statement that fails on it would leave the failure unrecorded.
-func storableText(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	return s
-}
-
-// cutText returns storableText(s) cut to at most max bytes, on a rune boundary.
-func cutText(s string, max int) string {
-	s = storableText(s)
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
-
-// escapedLen is the JSON-escaped length of s, counted up to limit.
-func escapedLen(s string, limit int) int {
-	n := 0
-	for _, r := range s {
-		if n += escapedRuneLen(r); n >= limit {
-			return n
-		}
-	}
-	return n
-}
-
-// escapedRuneLen is the most bytes a JSON encoder writes for r inside a string.
-func escapedRuneLen(r rune) int {
-	switch {
-	case r == '"' || r == '\\' || r == '\n' || r == '\r' || r == '\t':
-		return 2
-	case r < 0x20 || r == '\u2028' || r == '\u2029':
-		return 6
-	}
-	return utf8.RuneLen(r)
 }

@@ -5,10 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
-	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
+	"github.com/gorm-outbox/outboxplugin/internal/relay"
 )
 
 // What a publish says about each message, and what the worker then does with its row.
@@ -25,24 +24,6 @@ import (
 // stops after splitBudget calls: an outage costs a few fast-failing calls per batch, not one per
 // message.
 
-// deliveryKind is what became of one message of a publish.
-type deliveryKind uint8
-
-const (
-	delivered deliveryKind = iota // the broker took it
-	refused                       // the broker refused it, or it failed alone while the broker took others
-	unsent                        // it failed with its batch, and nothing says it was the message's fault
-)
-
-// delivery is the outcome of one message of a publish.
-type delivery struct {
-	kind deliveryKind
-	err  error
-	// took is how long the publish that decided it took, from its start (deliver's call) to its end:
-	// the attempt's duration in the event's history.
-	took time.Duration
-}
-
 // splitBudget is how many calls a batch may fail as a whole, naming no message, while the broker has
 // taken none of it, before the worker takes the broker for down: the whole batch and two levels of
 // halves, which isolate up to three poison messages in most batches.
@@ -50,7 +31,7 @@ const splitBudget = 7
 
 // deliver publishes msgs within one publish timeout and returns the outcome of each. Ids a
 // *PublishError named that were not in the call's messages are ignored, and logged.
-func (w *Worker) deliver(ctx context.Context, msgs []Message) []delivery {
+func (w *Worker) deliver(ctx context.Context, msgs []Message) []relay.Delivery {
 	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
 	defer cancel()
 	start := time.Now()
@@ -59,7 +40,7 @@ func (w *Worker) deliver(ctx context.Context, msgs []Message) []delivery {
 	// its batch ends, and the messages of a statement (retryGroup) share one history entry.
 	took := time.Since(start)
 	for i := range out {
-		out[i].took = took
+		out[i].Took = took
 	}
 	if len(unknown) > 0 {
 		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
@@ -70,8 +51,8 @@ func (w *Worker) deliver(ctx context.Context, msgs []Message) []delivery {
 
 // splitPublish is deliver's algorithm, with the publisher call as a parameter (tests drive it with
 // scripted publishers).
-func splitPublish(ctx context.Context, msgs []Message, call func(context.Context, []Message) error) (out []delivery, unknownIDs []string) {
-	out = make([]delivery, len(msgs))
+func splitPublish(ctx context.Context, msgs []Message, call func(context.Context, []Message) error) (out []relay.Delivery, unknownIDs []string) {
+	out = make([]relay.Delivery, len(msgs))
 	type span struct{ lo, hi int }
 	queue := []span{{0, len(msgs)}}
 	var (
@@ -105,11 +86,11 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 				if ferr == nil {
 					ferr = err
 				}
-				kind := refused
+				kind := relay.Refused
 				if notTaken(ferr) {
-					kind = unsent
+					kind = relay.Unsent
 				}
-				out[s.lo+i] = delivery{kind: kind, err: ferr}
+				out[s.lo+i] = relay.Delivery{Kind: kind, Err: ferr}
 				named++
 			}
 			for _, id := range unknown {
@@ -138,7 +119,7 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 			continue
 		}
 		if len(part) == 1 {
-			out[s.lo] = delivery{kind: unsent, err: err}
+			out[s.lo] = relay.Delivery{Kind: relay.Unsent, Err: err}
 			alone = append(alone, s.lo)
 			continue
 		}
@@ -148,7 +129,7 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 	if took {
 		// The broker was up: a message that failed alone was refused.
 		for _, i := range alone {
-			out[i].kind = refused
+			out[i].Kind = relay.Refused
 		}
 	}
 	return out, unknownIDs
@@ -170,19 +151,19 @@ func cmpErr(errs ...error) error {
 	return errors.New("not published")
 }
 
-func refusedAny(out []delivery) bool {
+func refusedAny(out []relay.Delivery) bool {
 	for _, d := range out {
-		if d.kind == refused {
+		if d.Kind == relay.Refused {
 			return true
 		}
 	}
 	return false
 }
 
-func markUnsent(out []delivery, err error) {
+func markUnsent(out []relay.Delivery, err error) {
 	for i := range out {
-		if out[i].kind == delivered {
-			out[i] = delivery{kind: unsent, err: err}
+		if out[i].Kind == relay.Delivered {
+			out[i] = relay.Delivery{Kind: relay.Unsent, Err: err}
 		}
 	}
 }
@@ -194,84 +175,6 @@ func indexOfMessage(msgs []Message, id string) int {
 		}
 	}
 	return -1
-}
-
-// outcome is what the worker writes for a batch after its publish.
-type outcome struct {
-	done     []store.Row     // published: processed (or deleted)
-	retries  []retryGroup    // refused, with attempts left: pending again at their next time
-	dead     []deadRow       // refused at their last attempt
-	released []releasedRow   // not delivered (outage, or shutdown): pending again, the attempt given back
-	failed   []FailedMessage // refused, for BatchResult, in batch order
-	unsent   []FailedMessage // not delivered (not at shutdown), for BatchResult
-	stopped  int             // released because the worker was stopping
-	// outage: the broker took none of the batch and refused none of it.
-	outage bool
-}
-
-type retryGroup struct {
-	ids     []int64
-	next    time.Time
-	err     string
-	attempt attemptRecord // for the rows' histories
-}
-
-type deadRow struct {
-	id      int64
-	err     string
-	attempt attemptRecord
-}
-
-type releasedRow struct {
-	id  int64
-	err string // the last error to record; empty keeps the one there
-}
-
-// decide turns a batch's deliveries into what to write. It is pure: rows and out are aligned, and
-// stopping says the worker is shutting down (a message not delivered is then handed back, whatever
-// the reason). Refused messages at attempt maxAttempts or more are dead; the others wait for
-// retry.Backoff(attempt), grouped so that messages that failed alike share one statement. Each refusal
-// comes with the record of its attempt, for the event's history; messages not delivered have none
-// (their attempt is given back).
-func decide(rows []store.Row, out []delivery, stopping bool, maxAttempts int, retry RetryPolicy, now time.Time) outcome {
-	var o outcome
-	groups := map[string]int{}
-	sent, refusedN := 0, 0
-	for i, r := range rows {
-		d := out[i]
-		switch {
-		case d.kind == delivered:
-			o.done = append(o.done, r)
-			sent++
-		case stopping:
-			o.released = append(o.released, releasedRow{id: r.ID})
-			o.stopped++
-		case d.kind == unsent:
-			o.released = append(o.released, releasedRow{id: r.ID, err: errorText(d.err)})
-			o.unsent = append(o.unsent, FailedMessage{Message: Message(r.Msg), Err: d.err})
-		case r.Msg.Attempt >= maxAttempts:
-			refusedN++
-			o.dead = append(o.dead, deadRow{id: r.ID, err: errorText(d.err), attempt: failedAttempt(now, r.Msg.Attempt, d.err, d.took)})
-			o.failed = append(o.failed, FailedMessage{Message: Message(r.Msg), Err: d.err, Dead: true})
-		default:
-			refusedN++
-			msg := errorText(d.err)
-			key := strconv.Itoa(r.Msg.Attempt) + "\x00" + msg
-			g, ok := groups[key]
-			if !ok {
-				g = len(o.retries)
-				groups[key] = g
-				// Grouped by attempt and error text: the group's rows share the history entry
-				// of the first (they failed in one publish, whose duration they share too).
-				o.retries = append(o.retries, retryGroup{next: now.Add(retry.Backoff(r.Msg.Attempt)), err: msg,
-					attempt: failedAttempt(now, r.Msg.Attempt, d.err, d.took)})
-			}
-			o.retries[g].ids = append(o.retries[g].ids, r.ID)
-			o.failed = append(o.failed, FailedMessage{Message: Message(r.Msg), Err: d.err, NextAttempt: o.retries[g].next})
-		}
-	}
-	o.outage = !stopping && sent == 0 && refusedN == 0 && len(o.released) > 0
-	return o
 }
 
 // errNotFinished is the last error of an event given up on at claim: it has had its maximum of

@@ -17,6 +17,8 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin/internal/relay"
+	"github.com/gorm-outbox/outboxplugin/internal/relay/failure"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/wakeup"
 )
@@ -328,7 +330,7 @@ type claimedBatch struct {
 	rows  []store.Row
 	msgs  []Message
 	lease *heldLease
-	out   []delivery // what the publish did with each message
+	out   []relay.Delivery // what the publish did with each message
 	res   BatchResult
 	// alone: the rows were taken over from unfinished deliveries; each is published and recorded on
 	// its own (deliverAlone).
@@ -433,7 +435,7 @@ func (w *Worker) buryUnpublishable(ctx context.Context, rows []store.Row) []stor
 		} else {
 			err = errNotFinished(r.Msg.Attempt - 1)
 		}
-		if merr := w.sql.Bury(fctx, w.sql.DB(), w.owner, []int64{r.ID}, errorText(err), now); merr != nil {
+		if merr := w.sql.Bury(fctx, w.sql.DB(), w.owner, []int64{r.ID}, failure.LastError(err), now); merr != nil {
 			// It stays leased, and is claimed — and buried — again when the lease runs out.
 			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unpublishable event dead",
 				slog.String("worker", w.owner), slog.String("message_id", r.Msg.ID), slog.Any("error", merr))
@@ -465,7 +467,7 @@ func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) {
 	start := time.Now()
 	defer func() { c.res.PublishDuration = time.Since(start) }()
 	if !w.leaseLive(c.lease) {
-		c.out = make([]delivery, len(c.msgs))
+		c.out = make([]relay.Delivery, len(c.msgs))
 		markUnsent(c.out, errLeaseRanOutFirst)
 		c.handBack = true
 		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the lease of a claimed batch ran out before its publish started (the claim's answer came late, or renewals failed); handing it back unpublished",

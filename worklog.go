@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/gorm-outbox/outboxplugin/internal/relay/failure"
 )
 
 // What the worker tells its logger: a line when Run starts (with the effective configuration) and
@@ -110,7 +112,7 @@ func groupFailures(res BatchResult) []failureGroup {
 	var groups []failureGroup
 	index := map[string]int{}
 	add := func(kind int, f FailedMessage) {
-		key := fmt.Sprint(kind) + "\x00" + errorText(f.Err)
+		key := fmt.Sprint(kind) + "\x00" + failure.LastError(f.Err)
 		i, ok := index[key]
 		if !ok {
 			i = len(groups)
