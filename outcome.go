@@ -21,13 +21,8 @@ import (
 // So a batch that fails whole is split in halves, and the halves published; once the broker has
 // taken any message of the batch it is known to be up, and the splitting goes on until each message
 // that still fails stands alone — a refusal of that message. While it has taken none, splitting
-// stops after splitBudget calls: an outage costs a few fast-failing calls per batch, not one per
+// stops after relay.SplitBudget calls: an outage costs a few fast-failing calls per batch, not one per
 // message.
-
-// splitBudget is how many calls a batch may fail as a whole, naming no message, while the broker has
-// taken none of it, before the worker takes the broker for down: the whole batch and two levels of
-// halves, which isolate up to three poison messages in most batches.
-const splitBudget = 7
 
 // deliver publishes msgs within one publish timeout and returns the outcome of each. Ids a
 // *PublishError named that were not in the call's messages are ignored, and logged.
@@ -49,90 +44,25 @@ func (w *Worker) deliver(ctx context.Context, msgs []Message) []relay.Delivery {
 	return out
 }
 
-// splitPublish is deliver's algorithm, with the publisher call as a parameter (tests drive it with
-// scripted publishers).
+// splitPublish is deliver's algorithm (relay.SplitPublish) on msgs, with the publisher call as a
+// parameter (tests drive it with scripted publishers) and the publisher's errors read as this
+// package defines them: a *PublishError names messages, ErrBrokerUnavailable and ErrMisconfigured
+// spend no attempt.
 func splitPublish(ctx context.Context, msgs []Message, call func(context.Context, []Message) error) (out []relay.Delivery, unknownIDs []string) {
-	out = make([]relay.Delivery, len(msgs))
-	type span struct{ lo, hi int }
-	queue := []span{{0, len(msgs)}}
-	var (
-		took       bool  // the broker took at least one message of the batch
-		wholeFails int   // calls that failed whole, naming no message, while took was false
-		alone      []int // messages that failed whole, alone
-		lastErr    error
-	)
-	for len(queue) > 0 {
-		s := queue[0]
-		queue = queue[1:]
-		if ctx.Err() != nil || (!took && wholeFails >= splitBudget) {
-			markUnsent(out[s.lo:s.hi], cmpErr(ctx.Err(), lastErr))
-			continue
-		}
-		part := msgs[s.lo:s.hi]
-		err := call(ctx, part)
-		if err == nil {
-			took = true
-			continue
-		}
-		var partial *PublishError
-		if errors.As(err, &partial) {
-			named, unknown := 0, []string(nil)
-			for id, ferr := range partial.Failed {
-				i := indexOfMessage(part, id)
-				if i < 0 {
-					unknown = append(unknown, id)
-					continue
-				}
-				if ferr == nil {
-					ferr = err
-				}
-				kind := relay.Refused
-				if notTaken(ferr) {
-					kind = relay.Unsent
-				}
-				out[s.lo+i] = relay.Delivery{Kind: kind, Err: ferr}
-				named++
-			}
-			for _, id := range unknown {
-				unknownIDs = appendNew(unknownIDs, id)
-			}
-			if named > 0 {
-				if named < len(part) {
-					took = true
-				}
-				if refusedAny(out[s.lo:s.hi]) {
-					took = true // the broker answered for a message: it is up
-				}
-				continue
-			}
-			// A PublishError that names no message of the call is a failure of the whole call.
-		}
-		lastErr = err
-		if !took {
-			wholeFails++
-		}
-		if ctx.Err() != nil || notTaken(err) {
-			// The publish timeout (or shutdown) cut the call short, or the publisher says the broker
-			// is not there or is configured wrong: that says nothing of the messages, and splitting
-			// would not either.
-			markUnsent(out[s.lo:s.hi], err)
-			continue
-		}
-		if len(part) == 1 {
-			out[s.lo] = relay.Delivery{Kind: relay.Unsent, Err: err}
-			alone = append(alone, s.lo)
-			continue
-		}
-		mid := s.lo + len(part)/2
-		queue = append(queue, span{s.lo, mid}, span{mid, s.hi})
+	return relay.SplitPublish(ctx, len(msgs), func(i int) string { return msgs[i].ID },
+		func(ctx context.Context, lo, hi int) error { return call(ctx, msgs[lo:hi]) }, publisherAnswers)
+}
+
+// publisherAnswers reads a publisher's error for relay.SplitPublish.
+var publisherAnswers = relay.Answers{Named: namedFailures, NotTaken: notTaken}
+
+// namedFailures are the messages a *PublishError in err's chain names.
+func namedFailures(err error) (map[string]error, bool) {
+	var partial *PublishError
+	if errors.As(err, &partial) {
+		return partial.Failed, true
 	}
-	if took {
-		// The broker was up: a message that failed alone was refused.
-		for _, i := range alone {
-			out[i].Kind = relay.Refused
-		}
-	}
-	return out, unknownIDs
+	return nil, false
 }
 
 // notTaken reports whether err, a publisher's error, says the broker did not take the message(s)
@@ -140,41 +70,6 @@ func splitPublish(ctx context.Context, msgs []Message, call func(context.Context
 // attempt is spent on such a delivery.
 func notTaken(err error) bool {
 	return errors.Is(err, ErrBrokerUnavailable) || errors.Is(err, ErrMisconfigured)
-}
-
-func cmpErr(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return errors.New("not published")
-}
-
-func refusedAny(out []relay.Delivery) bool {
-	for _, d := range out {
-		if d.Kind == relay.Refused {
-			return true
-		}
-	}
-	return false
-}
-
-func markUnsent(out []relay.Delivery, err error) {
-	for i := range out {
-		if out[i].Kind == relay.Delivered {
-			out[i] = relay.Delivery{Kind: relay.Unsent, Err: err}
-		}
-	}
-}
-
-func indexOfMessage(msgs []Message, id string) int {
-	for i := range msgs {
-		if msgs[i].ID == id {
-			return i
-		}
-	}
-	return -1
 }
 
 // errNotFinished is the last error of an event given up on at claim: it has had its maximum of

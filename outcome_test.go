@@ -64,7 +64,7 @@ func TestSplitPublish(t *testing.T) {
 		{name: "all taken", n: 100, answer: func([]Message) error { return nil },
 			want: map[relay.DeliveryKind]int{relay.Delivered: 100}, maxCalls: 1},
 		{name: "broker down: no attempt, a few calls", n: 100, answer: func([]Message) error { return down },
-			want: map[relay.DeliveryKind]int{relay.Unsent: 100}, maxCalls: splitBudget},
+			want: map[relay.DeliveryKind]int{relay.Unsent: 100}, maxCalls: relay.SplitBudget},
 		{name: "broker down, said so: one call", n: 100,
 			answer: func([]Message) error { return fmt.Errorf("dial: %w", ErrBrokerUnavailable) },
 			want:   map[relay.DeliveryKind]int{relay.Unsent: 100}, maxCalls: 1},
@@ -76,10 +76,10 @@ func TestSplitPublish(t *testing.T) {
 			want: map[relay.DeliveryKind]int{relay.Unsent: 1}, maxCalls: 1},
 		{name: "an empty PublishError fails the whole batch", n: 10,
 			answer: func([]Message) error { return fmt.Errorf("down: %w", &PublishError{}) },
-			want:   map[relay.DeliveryKind]int{relay.Unsent: 10}, maxCalls: splitBudget},
+			want:   map[relay.DeliveryKind]int{relay.Unsent: 10}, maxCalls: relay.SplitBudget},
 		{name: "a PublishError naming only strangers fails the whole batch", n: 10,
 			answer: func([]Message) error { return &PublishError{Failed: map[string]error{"stranger": down}} },
-			want:   map[relay.DeliveryKind]int{relay.Unsent: 10}, maxCalls: splitBudget, unknownID: []string{"stranger"}},
+			want:   map[relay.DeliveryKind]int{relay.Unsent: 10}, maxCalls: relay.SplitBudget, unknownID: []string{"stranger"}},
 		{name: "named refusals, strangers ignored", n: 10,
 			answer: func([]Message) error {
 				return &PublishError{Failed: map[string]error{"m002": errors.New("nack"), "stranger": down}}

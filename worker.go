@@ -468,7 +468,7 @@ func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) {
 	defer func() { c.res.PublishDuration = time.Since(start) }()
 	if !w.leaseLive(c.lease) {
 		c.out = make([]relay.Delivery, len(c.msgs))
-		markUnsent(c.out, errLeaseRanOutFirst)
+		relay.MarkUnsent(c.out, errLeaseRanOutFirst)
 		c.handBack = true
 		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the lease of a claimed batch ran out before its publish started (the claim's answer came late, or renewals failed); handing it back unpublished",
 			slog.String("worker", w.owner), slog.Int("events", len(c.msgs)))

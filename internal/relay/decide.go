@@ -1,5 +1,6 @@
-// Package relay holds the parts of the relay that are decisions rather than I/O: what became of each
-// message of a publish (Delivery) and what the worker writes for a batch because of it (Decide). The
+// Package relay holds the parts of the relay that are decisions rather than I/O: how a batch is
+// published so that a message at fault is told from an outage (SplitPublish), what became of each
+// message of the publish (Delivery), and what the worker writes for a batch because of it (Decide). The
 // loop that claims, publishes and records lives in the root package's Worker, which calls these; the
 // SQL it records with is the store's (internal/relay/store).
 package relay

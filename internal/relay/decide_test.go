@@ -80,3 +80,51 @@ func TestDecide(t *testing.T) {
 		}
 	})
 }
+
+// SplitPublish reads a publisher's errors only through Answers: named failures are refusals unless
+// NotTaken says otherwise, ids not in the batch are reported once each, and a batch whose calls fail
+// whole is given up on after SplitBudget calls while the broker has taken none of it.
+func TestSplitPublishThroughAnswers(t *testing.T) {
+	ids := []string{"a", "b", "c", "d"}
+	id := func(i int) string { return ids[i] }
+	named := errors.New("named")
+	down := errors.New("down")
+	answers := Answers{
+		Named: func(err error) (map[string]error, bool) {
+			if err == named {
+				return map[string]error{"b": errors.New("refused"), "c": down, "zz": nil}, true
+			}
+			return nil, false
+		},
+		NotTaken: func(err error) bool { return err == down },
+	}
+	calls := 0
+	out, unknown := SplitPublish(context.Background(), len(ids), id, func(_ context.Context, lo, hi int) error {
+		calls++
+		if lo == 0 && hi == 4 {
+			return named
+		}
+		return nil
+	}, answers)
+	kinds := []DeliveryKind{out[0].Kind, out[1].Kind, out[2].Kind, out[3].Kind}
+	if !slices.Equal(kinds, []DeliveryKind{Delivered, Refused, Unsent, Delivered}) || calls != 1 {
+		t.Errorf("kinds %v after %d calls", kinds, calls)
+	}
+	if !slices.Equal(unknown, []string{"zz"}) {
+		t.Errorf("unknown ids %v", unknown)
+	}
+
+	calls = 0
+	out, _ = SplitPublish(context.Background(), 64, func(i int) string { return fmt.Sprint(i) }, func(context.Context, int, int) error {
+		calls++
+		return errors.New("timeout")
+	}, answers)
+	if calls != SplitBudget {
+		t.Errorf("%d calls while the broker took nothing, want %d", calls, SplitBudget)
+	}
+	for i, d := range out {
+		if d.Kind != Unsent {
+			t.Fatalf("message %d: %v, want unsent: nothing says it was the message's fault", i, d.Kind)
+		}
+	}
+}
