@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,8 +82,14 @@ func compare(ctx context.Context, s *server, cfg config) (*result, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s, round %d: %w", res.server, v.name, round+1, err)
 			}
-			if d.events != int64(cfg.events) {
+			if d.events < int64(cfg.events) || (d.events > int64(cfg.events) && !strings.HasPrefix(v.name, "watermill")) {
 				return nil, fmt.Errorf("%s: %s, round %d: delivered %d of %d events", res.server, v.name, round+1, d.events, cfg.events)
+			}
+			if d.events > int64(cfg.events) {
+				// At-least-once: two consumers of watermill's queue schema can both deliver a row now
+				// and then. Reported, not a failure; the rate counts each event once.
+				res.notes = append(res.notes, fmt.Sprintf("%s, round %d: %d deliveries of %d events (duplicates)",
+					v.name, round+1, d.events, cfg.events))
 			}
 			res.rows[k].rates = append(res.rows[k].rates, float64(cfg.events)/d.spent.Seconds())
 		}
