@@ -82,7 +82,7 @@ func RelayLiteral(w *Worker, query string, args ...any) (string, []any) {
 
 // UseClockSkew sets w's wall clock off by skew, as on a host whose clock is wrong: the time it gives
 // the statements that take the worker's clock (SQLite's) and its attempt histories.
-func UseClockSkew(w *Worker, skew time.Duration) { w.skew = skew }
+func UseClockSkew(w *Worker, skew time.Duration) { w.engine.SetClockSkew(skew) }
 
 // LeaseOwnerID is the worker id made of a host name and a process id (workerID).
 var LeaseOwnerID = leaseOwnerID

@@ -3,14 +3,13 @@ package outboxplugin
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/gorm-outbox/outboxplugin/internal/relay"
 )
 
-// What a publish says about each message, and what the worker then does with its row.
+// What a publish says about each message, as the engine (internal/relay) reads it, and what the
+// worker then reports of a batch to its logger and observer.
 //
 // A publisher answers for a batch: nil (every message taken), a *PublishError naming the messages the
 // broker refused, or another error. Only a refusal says something about a message; an error that
@@ -23,35 +22,6 @@ import (
 // that still fails stands alone — a refusal of that message. While it has taken none, splitting
 // stops after relay.SplitBudget calls: an outage costs a few fast-failing calls per batch, not one per
 // message.
-
-// deliver publishes msgs within one publish timeout and returns the outcome of each. Ids a
-// *PublishError named that were not in the call's messages are ignored, and logged.
-func (w *Worker) deliver(ctx context.Context, msgs []Message) []relay.Delivery {
-	pctx, cancel := context.WithTimeout(ctx, w.cfg.publishTimeout)
-	defer cancel()
-	start := time.Now()
-	out, unknown := splitPublish(pctx, msgs, w.call)
-	// One duration for the whole publish: a message's verdict is known when the publish that split
-	// its batch ends, and the messages of a statement (retryGroup) share one history entry.
-	took := time.Since(start)
-	for i := range out {
-		out[i].Took = took
-	}
-	if len(unknown) > 0 {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the publisher named messages that are not in its batch; ignored",
-			slog.String("worker", w.owner), slog.Any("message_ids", firstFew(unknown)), slog.Int("count", len(unknown)))
-	}
-	return out
-}
-
-// splitPublish is deliver's algorithm (relay.SplitPublish) on msgs, with the publisher call as a
-// parameter (tests drive it with scripted publishers) and the publisher's errors read as this
-// package defines them: a *PublishError names messages, ErrBrokerUnavailable and ErrMisconfigured
-// spend no attempt.
-func splitPublish(ctx context.Context, msgs []Message, call func(context.Context, []Message) error) (out []relay.Delivery, unknownIDs []string) {
-	return relay.SplitPublish(ctx, len(msgs), func(i int) string { return msgs[i].ID },
-		func(ctx context.Context, lo, hi int) error { return call(ctx, msgs[lo:hi]) }, publisherAnswers)
-}
 
 // publisherAnswers reads a publisher's error for relay.SplitPublish.
 var publisherAnswers = relay.Answers{Named: namedFailures, NotTaken: notTaken}
@@ -72,9 +42,51 @@ func notTaken(err error) bool {
 	return errors.Is(err, ErrBrokerUnavailable) || errors.Is(err, ErrMisconfigured)
 }
 
-// errNotFinished is the last error of an event given up on at claim: it has had its maximum of
-// deliveries, and the last of them recorded no outcome — the publish killed the process, or the process
-// died meanwhile (or the maximum was lowered since).
-func errNotFinished(attempts int) error {
-	return fmt.Errorf("outboxplugin: gave up after %d deliveries that did not finish", attempts)
+// batchResult is a batch's result as the observer is given it.
+func batchResult(r relay.Result[Message]) BatchResult {
+	return BatchResult{
+		Claimed: r.Claimed, Published: r.Published,
+		Failed: failedMessages(r.Failed), NotDelivered: failedMessages(r.NotDelivered),
+		Released: r.Released, LeaseLost: r.LeaseLost,
+		ClaimDuration: r.ClaimDuration, PublishDuration: r.PublishDuration, FinishDuration: r.FinishDuration,
+	}
+}
+
+// failedMessages are a batch's failures as BatchResult reports them.
+func failedMessages(fs []relay.Failed[Message]) []FailedMessage {
+	if fs == nil {
+		return nil
+	}
+	out := make([]FailedMessage, len(fs))
+	for i, f := range fs {
+		out[i] = FailedMessage(f)
+	}
+	return out
+}
+
+// report logs what failed in a recorded batch, counts it, and gives the observer the batch and each
+// event it made dead.
+func (w *Worker) report(ctx context.Context, res BatchResult) {
+	w.logFailures(ctx, res)
+	w.batchDone(ctx, res)
+	for _, f := range res.Failed {
+		if f.Dead {
+			w.cfg.observer.Dead(ctx, f.Message, f.Err)
+		}
+	}
+}
+
+// buried reports the events a claim made dead before their delivery: they could not be read, or every
+// delivery of theirs started and none finished.
+func (w *Worker) buried(ctx context.Context, dead []relay.Failed[Message]) {
+	fs := failedMessages(dead)
+	for _, f := range fs {
+		w.cfg.observer.Dead(ctx, f.Message, f.Err)
+	}
+	w.counts.dead.Add(int64(len(fs)))
+	for _, g := range groupFailures(BatchResult{Failed: fs}) {
+		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: events marked dead before their delivery",
+			slog.String("worker", w.owner), slog.Int("events", g.n), slog.Any("event_types", g.types),
+			slog.Any("message_ids", g.ids), slog.Any("error", g.err))
+	}
 }

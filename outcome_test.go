@@ -10,8 +10,15 @@ import (
 	"github.com/gorm-outbox/outboxplugin/internal/relay"
 )
 
-// The outcome of a publish, and what the worker writes for it, need no database: splitPublish and
-// decide are pure apart from the publisher they call.
+// The outcome of a publish, as the engine reads this package's publisher errors, needs no database:
+// relay.SplitPublish is pure apart from the publisher it calls.
+
+// splitPublish publishes msgs with call the way the engine does, reading the errors through
+// publisherAnswers.
+func splitPublish(ctx context.Context, msgs []Message, call func(context.Context, []Message) error) ([]relay.Delivery, []string) {
+	return relay.SplitPublish(ctx, len(msgs), func(i int) string { return msgs[i].ID },
+		func(ctx context.Context, lo, hi int) error { return call(ctx, msgs[lo:hi]) }, publisherAnswers)
+}
 
 func testMessages(n int) []Message {
 	msgs := make([]Message, n)

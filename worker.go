@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin/internal/relay"
-	"github.com/gorm-outbox/outboxplugin/internal/relay/failure"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/wakeup"
 )
@@ -41,13 +39,10 @@ type Worker struct {
 	pub    Publisher
 	cfg    workerConfig
 	busy   atomic.Bool // a Run or ProcessOnce is under way
-	leases leaseKeeper
 	owner  string
 	sql    *store.Store
+	engine *relay.Engine[Message] // the loop that claims, publishes and records (internal/relay)
 	wake   chan struct{}
-	// pipeline: Run claims the next batch while it publishes a full one. Not with per-key ordering,
-	// and only when the lease covers a batch that waits one publish timeout before its own.
-	pipeline bool
 
 	prepareMu sync.Mutex
 	prepared  bool
@@ -55,19 +50,7 @@ type Worker struct {
 	health        workerHealth
 	counts        workerCounts
 	misconfigured misconfiguredLog
-
-	// skew is added to the worker's wall clock, the time it gives statements that take it (SQLite's,
-	// and attempt histories): set by tests, to play a host whose clock is off.
-	skew time.Duration
 }
-
-// wallClock is the worker's wall-clock time of t, in UTC, as it gives it to statements.
-func (w *Worker) wallClock(t time.Time) time.Time { return t.UTC().Add(w.skew) }
-
-// maxPublishBackoff caps Run's pause after a batch the broker took none of (unless the poll interval
-// is longer): during an outage the worker tries again at most this often, and after it, new events
-// wait at most this long.
-const maxPublishBackoff = 10 * time.Second
 
 // ErrWorkerBusy is returned by Run and ProcessOnce when the same Worker is already running one of
 // them: a worker's rows carry its owner id, so two loops on one Worker could not tell their leases
@@ -121,12 +104,31 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 	if w.cfg.batchSize == 0 {
 		w.cfg.batchSize = defaultBatchSize(db.Dialector.Name())
 	}
-	w.pipeline = !w.cfg.keyOrdering
 	w.db = db.Session(&gorm.Session{NewDB: true, SkipDefaultTransaction: true})
 	var err error
 	if w.sql, err = newStore(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history, w.cfg.lease); err != nil {
 		return fail(err)
 	}
+	w.engine = relay.New(w.sql, relay.Config{
+		Owner:           w.owner,
+		BatchSize:       w.cfg.batchSize,
+		Lease:           w.cfg.lease,
+		PublishTimeout:  w.cfg.publishTimeout,
+		PollInterval:    w.cfg.pollInterval,
+		MaxAttempts:     w.cfg.maxAttempts,
+		Backoff:         w.cfg.retry.Backoff,
+		KeyOrdering:     w.cfg.keyOrdering,
+		DeleteOnPublish: w.cfg.deleteOnPublish,
+		Logger:          w.cfg.logger,
+	}, relay.Hooks[Message]{
+		Message:   func(m store.Message) Message { return Message(m) },
+		Publish:   w.pub.Publish,
+		Answers:   publisherAnswers,
+		Prepare:   w.prepareTable,
+		Claimed:   w.noteClaim,
+		BatchDone: func(ctx context.Context, r relay.Result[Message]) { w.report(ctx, batchResult(r)) },
+		Buried:    w.buried,
+	})
 	return w, nil
 }
 
@@ -221,7 +223,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		close(done)
 	}
 	defer func() { stop(); <-done }()
-	defer w.keepLeases(context.WithoutCancel(ctx))()
 
 	maintained := make(chan struct{})
 	go func() {
@@ -230,51 +231,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	defer func() { stop(); <-maintained }()
 
-	l := &runLoop{w: w}
-	defer l.stop(ctx)
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		n, outage, err := l.turn(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		wait, wake := l.pause(ctx, n, outage, err)
-		if wait == 0 {
-			continue
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil
-		case <-wake:
-			timer.Stop()
-		case <-timer.C:
-		}
-	}
+	w.engine.Run(ctx, w.wake)
+	return nil
 }
-
-// releaseAhead hands back a batch that was claimed ahead but not published: when Run stops, or backs
-// off.
-func (w *Worker) releaseAhead(ctx context.Context, c *claimedBatch) {
-	w.drop(c.lease, nil)
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	if err := w.sql.Release(fctx, w.sql.DB(), w.owner, store.RowIDs(c.rows), ""); err != nil {
-		// The rows come back when their lease runs out.
-		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not hand back claimed events; they wait for their lease to run out",
-			slog.String("worker", w.owner), slog.Int("events", len(c.rows)), slog.Any("error", err))
-		return
-	}
-	c.res.Released = len(c.rows)
-	w.batchDone(ctx, c.res)
-}
-
-// finishTimeout bounds the statements that record a batch's outcome, which run even when the worker is
-// stopping, and a claim, which is not cut short by shutdown (its rows would stay leased, unseen).
-const finishTimeout = 30 * time.Second
 
 // Wake makes a waiting Run look for events at once. Applications that know they just committed
 // events (on databases without LISTEN) may call it; it never blocks.
@@ -296,211 +255,7 @@ func (w *Worker) ProcessOnce(ctx context.Context) (int, error) {
 	}
 	defer w.busy.Store(false)
 	defer w.sql.ReleaseConn()
-	defer w.keepLeases(context.WithoutCancel(ctx))()
-	c, err := w.claimBatch(ctx, nil)
-	if err != nil || len(c.rows) == 0 {
-		return 0, err
-	}
-	if c.alone {
-		return w.deliverAlone(ctx, c)
-	}
-	w.publishBatch(ctx, c)
-	n, _, _, err := w.completeBatch(ctx, c, false)
-	return n, err
-}
-
-// carriedBatch is a fully published batch whose rows Run marks done with its next claim. Its lease is
-// renewed until then.
-type carriedBatch struct {
-	rows   []store.Row
-	lease  *heldLease
-	now    time.Time // when it was published
-	res    BatchResult
-	marked bool // the claim that was to mark it committed
-}
-
-// done stops renewing the batch's lease and returns its rows as the mark needs them.
-func (w *Worker) done(b *carriedBatch) store.Done {
-	w.drop(b.lease, b.rows)
-	return store.Done{IDs: store.RowIDs(b.rows), Ctids: store.RowCtids(b.rows), Now: b.now}
-}
-
-// claimedBatch is a batch as claimed, with its outcome so far.
-type claimedBatch struct {
-	rows  []store.Row
-	msgs  []Message
-	lease *heldLease
-	out   []relay.Delivery // what the publish did with each message
-	res   BatchResult
-	// alone: the rows were taken over from unfinished deliveries; each is published and recorded on
-	// its own (deliverAlone).
-	alone bool
-	// handBack: the lease ran out before or during the publish; what was not published is handed
-	// back without counting the attempt.
-	handBack bool
-}
-
-// claimBatch claims the next batch, marking prev done in the same statement or transaction (and
-// reporting prev to the observer once it is). Once the claim is sent it runs to its end, even when ctx
-// ends meanwhile: a committed claim whose rows the worker dropped would leave them leased, unpublished,
-// for a lease.
-func (w *Worker) claimBatch(ctx context.Context, prev *carriedBatch) (*claimedBatch, error) {
-	if err := w.prepareTable(ctx); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	c := &claimedBatch{}
-	start := time.Now()
-	var prevDone *store.Done
-	if prev != nil {
-		d := w.done(prev)
-		prevDone = &d
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	var (
-		rows   []store.Row
-		marked int64
-		err    error
-		sent   time.Time
-	)
-	for try := 1; ; try++ {
-		// The lease the database stamps starts no earlier than the claim is sent: on this worker's
-		// monotonic clock, it ends no earlier than sent plus the lease, whatever the clocks of the
-		// database and of other relays say, and however late the answer comes.
-		sent = time.Now()
-		rows, marked, err = w.sql.Claim(cctx, w.owner, w.wallClock(sent), prevDone, w.cfg.deleteOnPublish)
-		if err == nil || try == claimTries || !w.sql.Retryable(err) || cctx.Err() != nil {
-			break
-		}
-		w.cfg.logger.LogAttrs(ctx, slog.LevelDebug, "outboxplugin: claim rolled back as a deadlock's victim; claiming again",
-			slog.String("worker", w.owner), slog.Int("try", try))
-	}
-	c.res.ClaimDuration = time.Since(start)
-	if err != nil {
-		err = fmt.Errorf("outboxplugin: claim: %w", err)
-		w.noteClaim(err, 0)
-		return nil, err
-	}
-	w.noteClaim(nil, len(rows))
-	if prev != nil {
-		prev.marked = true
-		prev.res.FinishDuration = c.res.ClaimDuration
-		w.noteLeaseLost(ctx, &prev.res, len(prevDone.IDs), marked)
-		w.batchDone(ctx, prev.res)
-	}
-	c.res.Claimed = len(rows)
-	rows, c.alone = w.isolateUnfinished(ctx, w.buryUnpublishable(ctx, rows))
-	c.rows = rows
-	if len(rows) == 0 {
-		return c, nil
-	}
-	c.lease = w.hold(rows, sent, sent.Add(w.cfg.lease))
-	c.msgs = make([]Message, len(rows))
-	for i, r := range rows {
-		c.msgs[i] = Message(r.Msg)
-	}
-	return c, nil
-}
-
-// claimTries is how many times a claim is run when the database rolls it back as a deadlock's victim
-// (see relayDialect.retryable) before the failure goes to Run's error path.
-const claimTries = 3
-
-// buryUnpublishable takes out of a claimed batch, and marks dead, the rows that no delivery can
-// publish: those that cannot be made into messages (headers or a creation time that a row written by
-// hand with raw SQL got wrong; fix the row and call RequeueDead), and those whose every delivery so far
-// started and never finished — a publish that kills the process (out of memory, a crash in a cgo
-// client) would otherwise take the relay and the event's batch-mates down after every lease, for
-// ever. It returns the rest.
-func (w *Worker) buryUnpublishable(ctx context.Context, rows []store.Row) []store.Row {
-	if !slices.ContainsFunc(rows, w.unpublishable) {
-		return rows // the usual case: no copy on the hot path
-	}
-	var good []store.Row
-	var buried []FailedMessage
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	now := w.wallClock(time.Now())
-	for _, r := range rows {
-		if !w.unpublishable(r) {
-			good = append(good, r)
-			continue
-		}
-		var err error
-		if r.Undecodable != nil {
-			err = fmt.Errorf("outboxplugin: event cannot be read: %w", r.Undecodable)
-		} else {
-			err = errNotFinished(r.Msg.Attempt - 1)
-		}
-		if merr := w.sql.Bury(fctx, w.sql.DB(), w.owner, []int64{r.ID}, failure.LastError(err), now); merr != nil {
-			// It stays leased, and is claimed — and buried — again when the lease runs out.
-			w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: could not mark an unpublishable event dead",
-				slog.String("worker", w.owner), slog.String("message_id", r.Msg.ID), slog.Any("error", merr))
-			continue
-		}
-		buried = append(buried, FailedMessage{Message: Message(r.Msg), Err: err, Dead: true})
-		w.cfg.observer.Dead(ctx, Message(r.Msg), err)
-	}
-	w.counts.dead.Add(int64(len(buried)))
-	for _, g := range groupFailures(BatchResult{Failed: buried}) {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: events marked dead before their delivery",
-			slog.String("worker", w.owner), slog.Int("events", g.n), slog.Any("event_types", g.types),
-			slog.Any("message_ids", g.ids), slog.Any("error", g.err))
-	}
-	return good
-}
-
-// unpublishable: the row cannot be read, or this claim is one delivery more than the maximum (every
-// earlier one started and none recorded an outcome).
-func (w *Worker) unpublishable(r store.Row) bool {
-	return r.Undecodable != nil || r.Msg.Attempt > w.cfg.maxAttempts
-}
-
-// publishBatch publishes a claimed batch, recording what became of each message. A batch whose lease
-// has run out on the worker's clock — its claim's answer came late, or its renewals failed — is not
-// published, and a publish is cut short when the lease runs out meanwhile: another relay may have
-// taken the rows over. Such a batch is handed back, its attempt not counted (handBack).
-func (w *Worker) publishBatch(ctx context.Context, c *claimedBatch) {
-	start := time.Now()
-	defer func() { c.res.PublishDuration = time.Since(start) }()
-	if !w.leaseLive(c.lease) {
-		c.out = make([]relay.Delivery, len(c.msgs))
-		relay.MarkUnsent(c.out, errLeaseRanOutFirst)
-		c.handBack = true
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the lease of a claimed batch ran out before its publish started (the claim's answer came late, or renewals failed); handing it back unpublished",
-			slog.String("worker", w.owner), slog.Int("events", len(c.msgs)))
-		return
-	}
-	lctx, stop := w.leaseContext(ctx, c.lease)
-	c.out = w.deliver(lctx, c.msgs)
-	if errors.Is(context.Cause(lctx), errLeaseRanOut) {
-		c.handBack = true
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the lease of a batch ran out during its publish (renewals failed); handing back what was not published",
-			slog.String("worker", w.owner), slog.Int("events", len(c.msgs)))
-	}
-	stop()
-}
-
-// errLeaseRanOutFirst is the outcome of the messages of a batch whose lease ran out before its
-// publish started.
-var errLeaseRanOutFirst = errors.New("outboxplugin: the lease ran out before the publish started")
-
-// firstFew returns at most the first five of ids, for a log line.
-func firstFew(ids []string) []string {
-	return ids[:min(len(ids), 5)]
-}
-
-// call is one call of the publisher, with a panic turned into an error.
-func (w *Worker) call(ctx context.Context, msgs []Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("publisher panicked: %v", r)
-		}
-	}()
-	return w.pub.Publish(ctx, msgs)
+	return w.engine.ProcessOnce(ctx)
 }
 
 // RequeueDead makes the dead events with the given message ids pending again, with their attempts

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -125,7 +126,9 @@ func groupFailures(res BatchResult) []failureGroup {
 			g.ids = append(g.ids, f.Message.ID)
 		}
 		if len(g.types) < 5 {
-			g.types = appendNew(g.types, f.Message.EventType)
+			if !slices.Contains(g.types, f.Message.EventType) {
+				g.types = append(g.types, f.Message.EventType)
+			}
 		}
 	}
 	for _, f := range res.Failed {

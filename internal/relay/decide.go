@@ -1,8 +1,11 @@
-// Package relay holds the parts of the relay that are decisions rather than I/O: how a batch is
-// published so that a message at fault is told from an outage (SplitPublish), what became of each
-// message of the publish (Delivery), and what the worker writes for a batch because of it (Decide). The
-// loop that claims, publishes and records lives in the root package's Worker, which calls these; the
-// SQL it records with is the store's (internal/relay/store).
+// Package relay is the relay's engine: the loop that claims a batch, publishes it, decides what
+// became of each message and records it (Engine), with the small state it keeps between turns (the
+// batch claimed ahead, the batch carried to the next claim to be marked, how long the latest took),
+// the leases it renews while it holds a batch, and the one-by-one delivery of rows taken over after a
+// crash. Its decisions need no database: SplitPublish tells a message at fault from an outage, and
+// Decide (pure, with table tests) says what to write for a batch. The SQL it records with is the
+// store's (internal/relay/store). The root package's Worker is its public face: it makes the engine
+// from its options and gives it the publisher, the observer and the logger as Hooks.
 package relay
 
 import (

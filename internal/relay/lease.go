@@ -1,4 +1,4 @@
-package outboxplugin
+package relay
 
 import (
 	"context"
@@ -48,9 +48,9 @@ type leaseKeeper struct {
 }
 
 // hold starts renewing the lease of rows, claimed at claimed and leased until until.
-func (w *Worker) hold(rows []store.Row, claimed, until time.Time) *heldLease {
-	h := &heldLease{ids: store.RowIDs(rows), until: until, renewUntil: claimed.Add(2*w.cfg.publishTimeout + w.cfg.lease)}
-	k := &w.leases
+func (e *Engine[M]) hold(rows []store.Row, claimed, until time.Time) *heldLease {
+	h := &heldLease{ids: store.RowIDs(rows), until: until, renewUntil: claimed.Add(2*e.cfg.PublishTimeout + e.cfg.Lease)}
+	k := &e.leases
 	k.mu.Lock()
 	k.held = append(k.held, h)
 	k.mu.Unlock()
@@ -58,19 +58,19 @@ func (w *Worker) hold(rows []store.Row, claimed, until time.Time) *heldLease {
 }
 
 // leaseEnd returns when h's lease runs out at the earliest, as last claimed or renewed.
-func (w *Worker) leaseEnd(h *heldLease) time.Time {
-	w.leases.mu.Lock()
-	defer w.leases.mu.Unlock()
+func (e *Engine[M]) leaseEnd(h *heldLease) time.Time {
+	e.leases.mu.Lock()
+	defer e.leases.mu.Unlock()
 	return h.until
 }
 
 // drop stops renewing h, and gives rows (those of h, or nil) the ctids renewals moved them to; after it
 // returns, no renewal touches h's rows. It may be called again.
-func (w *Worker) drop(h *heldLease, rows []store.Row) {
+func (e *Engine[M]) drop(h *heldLease, rows []store.Row) {
 	if h == nil {
 		return
 	}
-	k := &w.leases
+	k := &e.leases
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !h.dropped {
@@ -92,20 +92,20 @@ func (w *Worker) drop(h *heldLease, rows []store.Row) {
 var errLeaseRanOut = errors.New("outboxplugin: the lease of the batch ran out before its publish ended (renewals failed)")
 
 // leaseLive reports whether h's lease has not run out yet on the worker's clock.
-func (w *Worker) leaseLive(h *heldLease) bool {
-	return time.Now().Before(w.leaseEnd(h))
+func (e *Engine[M]) leaseLive(h *heldLease) bool {
+	return time.Now().Before(e.leaseEnd(h))
 }
 
 // leaseContext returns a context for publishing h's rows: it ends, with errLeaseRanOut as its cause,
 // when h's lease runs out on the worker's clock before a renewal extends it — once it has, another
 // relay may take the rows over and publish them, and two relays must not publish an event at once.
 // stop releases it.
-func (w *Worker) leaseContext(ctx context.Context, h *heldLease) (lctx context.Context, stop func()) {
+func (e *Engine[M]) leaseContext(ctx context.Context, h *heldLease) (lctx context.Context, stop func()) {
 	lctx, cancel := context.WithCancelCause(ctx)
 	if h == nil {
 		return lctx, func() { cancel(nil) }
 	}
-	k := &w.leases
+	k := &e.leases
 	k.mu.Lock()
 	h.expire = time.AfterFunc(time.Until(h.until), func() { cancel(errLeaseRanOut) })
 	k.mu.Unlock()
@@ -120,13 +120,13 @@ func (w *Worker) leaseContext(ctx context.Context, h *heldLease) (lctx context.C
 	}
 }
 
-// keepLeases renews held leases until the returned stop is called; stop waits for the renewer to end.
-func (w *Worker) keepLeases(ctx context.Context) (stop func()) {
+// KeepLeases renews held leases until the returned stop is called; stop waits for the renewer to end.
+func (e *Engine[M]) KeepLeases(ctx context.Context) (stop func()) {
 	kctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		every := w.cfg.lease / 3
+		every := e.cfg.Lease / 3
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
@@ -134,7 +134,7 @@ func (w *Worker) keepLeases(ctx context.Context) (stop func()) {
 			case <-kctx.Done():
 				return
 			case <-t.C:
-				w.renewLeases(kctx)
+				e.renewLeases(kctx)
 			}
 		}
 	}()
@@ -142,15 +142,15 @@ func (w *Worker) keepLeases(ctx context.Context) (stop func()) {
 }
 
 // renewLeases extends, in one statement, the leases that run out within two thirds of a lease.
-func (w *Worker) renewLeases(ctx context.Context) {
-	k := &w.leases
+func (e *Engine[M]) renewLeases(ctx context.Context) {
+	k := &e.leases
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	now := time.Now()
 	var due []*heldLease
 	var ids []int64
 	for _, h := range k.held {
-		if h.until.Sub(now) > w.cfg.lease*2/3 || !now.Before(h.renewUntil) {
+		if h.until.Sub(now) > e.cfg.Lease*2/3 || !now.Before(h.renewUntil) {
 			continue
 		}
 		due = append(due, h)
@@ -160,14 +160,14 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		return
 	}
 	sent := time.Now()
-	until := sent.Add(w.cfg.lease) // the database's new lease starts no earlier than the renewal is sent
-	rctx, cancel := context.WithTimeout(ctx, w.cfg.lease/3)
+	until := sent.Add(e.cfg.Lease) // the database's new lease starts no earlier than the renewal is sent
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.Lease/3)
 	defer cancel()
-	moved, n, err := w.sql.Renew(rctx, w.owner, ids, w.wallClock(sent))
+	moved, n, err := e.sql.Renew(rctx, e.cfg.Owner, ids, e.wallClock(sent))
 	if err != nil {
 		if ctx.Err() == nil {
-			w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not renew the lease of events in flight; their publish stops when the lease runs out",
-				slog.String("worker", w.owner), slog.Int("events", len(ids)), slog.Any("error", err))
+			e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not renew the lease of events in flight; their publish stops when the lease runs out",
+				slog.String("worker", e.cfg.Owner), slog.Int("events", len(ids)), slog.Any("error", err))
 		}
 		return
 	}
@@ -195,7 +195,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		}
 	}
 	if !extend {
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: lost the lease of events in flight to another worker (their lease had run out); their publish stops when the lease runs out",
-			slog.String("worker", w.owner), slog.Int64("events", int64(len(ids))-n))
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: lost the lease of events in flight to another worker (their lease had run out); their publish stops when the lease runs out",
+			slog.String("worker", e.cfg.Owner), slog.Int64("events", int64(len(ids))-n))
 	}
 }

@@ -1,4 +1,4 @@
-package outboxplugin
+package relay
 
 import (
 	"context"
@@ -6,14 +6,19 @@ import (
 	"time"
 )
 
-// runLoop is Run's state between turns: the batch carried to the next claim to be marked, the batch
+// MaxPublishBackoff caps Run's pause after a batch the broker took none of (unless the poll interval
+// is longer): during an outage the worker tries again at most this often, and after it, new events
+// wait at most this long.
+const MaxPublishBackoff = 10 * time.Second
+
+// loop is Run's state between turns: the batch carried to the next claim to be marked, the batch
 // claimed ahead, how long the latest batch took, and the failures in a row.
-type runLoop struct {
-	w        *Worker
-	carried  *carriedBatch // published, to be marked done by the next claim
-	ahead    *claimedBatch // claimed while the batch before it was being published
-	pace     batchPace     // how long the latest batch took to claim and to publish
-	failures int           // consecutive turns that failed (database errors, or the broker away)
+type loop[M any] struct {
+	e        *Engine[M]
+	carried  *carriedBatch[M] // published, to be marked done by the next claim
+	ahead    *claimedBatch[M] // claimed while the batch before it was being published
+	pace     batchPace        // how long the latest batch took to claim and to publish
+	failures int              // consecutive turns that failed (database errors, or the broker away)
 }
 
 // turn is one turn of Run. It takes the batch claimed ahead, or claims one (marking the carried batch
@@ -21,8 +26,8 @@ type runLoop struct {
 // worker pipelines, the next batch is claimed — and this turn's carried batch marked — while the
 // publisher works, so that the database and the broker are busy at the same time; that batch is
 // published by the next turn. outage reports that the broker took none of the batch.
-func (l *runLoop) turn(ctx context.Context) (published int, outage bool, err error) {
-	w := l.w
+func (l *loop[M]) turn(ctx context.Context) (published int, outage bool, err error) {
+	e := l.e
 	c := l.ahead
 	l.ahead = nil
 	if c == nil {
@@ -33,26 +38,26 @@ func (l *runLoop) turn(ctx context.Context) (published int, outage bool, err err
 	}
 	if c.alone {
 		l.markCarried(ctx)
-		n, err := w.deliverAlone(ctx, c)
+		n, err := e.deliverAlone(ctx, c)
 		return n, false, err
 	}
 	// A batch claimed ahead leaves the batch before it carried: the claim made while this one is
 	// published marks it, even when this batch is short — unless the publisher has become too fast
 	// for the overlap to pay.
-	if !w.pipeline || (l.carried == nil && len(c.rows) < w.cfg.batchSize) || !l.pace.overlapPays() {
+	if !e.pipeline || (l.carried == nil && len(c.rows) < e.cfg.BatchSize) || !l.pace.overlapPays() {
 		// This batch may have been claimed ahead, and no claim will run while it is published to
 		// mark the one before it: mark that one now.
 		l.markCarried(ctx)
-		w.publishBatch(ctx, c)
+		e.publishBatch(ctx, c)
 		l.pace = batchPace{c.res.ClaimDuration, c.res.PublishDuration}
-		n, next, outage, err := w.completeBatch(ctx, c, true)
+		n, next, outage, err := e.completeBatch(ctx, c, true)
 		l.carried = next
 		return n, outage, err
 	}
 	pubDone := make(chan struct{})
 	go func() {
 		defer close(pubDone)
-		w.publishBatch(ctx, c)
+		e.publishBatch(ctx, c)
 	}()
 	next, claimErr := l.claim(ctx)
 	<-pubDone
@@ -60,7 +65,7 @@ func (l *runLoop) turn(ctx context.Context) (published int, outage bool, err err
 	if claimErr == nil && len(next.rows) > 0 {
 		l.ahead = next
 	}
-	n, done, outage, err := w.completeBatch(ctx, c, true)
+	n, done, outage, err := e.completeBatch(ctx, c, true)
 	l.carried = done
 	if err == nil && claimErr != nil {
 		err = claimErr
@@ -70,65 +75,64 @@ func (l *runLoop) turn(ctx context.Context) (published int, outage bool, err err
 
 // claim claims a batch, marking the carried batch done with it; when the claim fails, the carried
 // batch is marked on its own.
-func (l *runLoop) claim(ctx context.Context) (*claimedBatch, error) {
+func (l *loop[M]) claim(ctx context.Context) (*claimedBatch[M], error) {
 	prev := l.carried
 	l.carried = nil
-	c, err := l.w.claimBatch(ctx, prev)
+	c, err := l.e.claimBatch(ctx, prev)
 	if prev != nil && !prev.marked {
-		l.w.finishCarried(ctx, prev) // the claim that was to mark it failed
+		l.e.finishCarried(ctx, prev) // the claim that was to mark it failed
 	}
 	return c, err
 }
 
 // markCarried marks the carried batch done on its own, when no claim will mark it.
-func (l *runLoop) markCarried(ctx context.Context) {
+func (l *loop[M]) markCarried(ctx context.Context) {
 	if l.carried != nil {
-		l.w.finishCarried(ctx, l.carried)
+		l.e.finishCarried(ctx, l.carried)
 		l.carried = nil
 	}
 }
 
-// pause says how long Run waits after a turn, and which wake-up may cut the wait short (nil: none).
-func (l *runLoop) pause(ctx context.Context, published int, outage bool, err error) (time.Duration, <-chan struct{}) {
-	w := l.w
-	wait := w.cfg.pollInterval
+// pause says how long Run waits after a turn, and whether a wake-up may cut the wait short.
+func (l *loop[M]) pause(ctx context.Context, published int, outage bool, err error) (wait time.Duration, wakeable bool) {
+	e := l.e
+	poll := e.cfg.PollInterval
+	wait = poll
 	switch {
 	case err != nil:
 		l.failures++
-		wait = min(w.cfg.pollInterval*time.Duration(1<<min(l.failures, 6)), 30*time.Second+w.cfg.pollInterval)
-		w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: relay batch failed",
-			slog.String("worker", w.owner), slog.Int("consecutive_failures", l.failures), slog.Any("error", err))
+		wait = min(poll*time.Duration(1<<min(l.failures, 6)), 30*time.Second+poll)
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: relay batch failed",
+			slog.String("worker", e.cfg.Owner), slog.Int("consecutive_failures", l.failures), slog.Any("error", err))
 	case outage:
 		// The broker took none of the batch and refused none of it: it is probably down. The events
 		// are pending again with their attempts given back. Back off, ignoring wake-ups meanwhile, so
 		// that an outage costs a claim, a write and a log line now and then, not one per commit of the
 		// application — and no attempts, however long it lasts.
 		l.failures++
-		wait = min(w.cfg.pollInterval*time.Duration(1<<min(l.failures, 6)), max(maxPublishBackoff, w.cfg.pollInterval))
+		wait = min(poll*time.Duration(1<<min(l.failures, 6)), max(MaxPublishBackoff, poll))
 		if l.ahead != nil {
-			w.releaseAhead(ctx, l.ahead) // its lease would be renewed for nothing while the worker waits
+			e.releaseAhead(ctx, l.ahead) // its lease would be renewed for nothing while the worker waits
 			l.ahead = nil
 		}
-	case published == w.cfg.batchSize || l.ahead != nil:
+	case published == e.cfg.BatchSize || l.ahead != nil:
 		l.failures = 0
 		wait = 0 // more may be waiting
 	default:
 		l.failures = 0
 	}
-	if l.failures > 0 {
-		return wait, nil // backing off: a notification must not cut the pause short
-	}
-	return wait, w.wake
+	// Backing off: a notification must not cut the pause short.
+	return wait, l.failures == 0
 }
 
 // stop hands back the batch claimed ahead and marks the carried one, when Run returns.
-func (l *runLoop) stop(ctx context.Context) {
+func (l *loop[M]) stop(ctx context.Context) {
 	if l.ahead != nil {
-		l.w.releaseAhead(ctx, l.ahead)
+		l.e.releaseAhead(ctx, l.ahead)
 		l.ahead = nil
 	}
 	if l.carried != nil && !l.carried.marked {
-		l.w.finishCarried(ctx, l.carried)
+		l.e.finishCarried(ctx, l.carried)
 		l.carried = nil
 	}
 }

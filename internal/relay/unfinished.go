@@ -1,4 +1,4 @@
-package outboxplugin
+package relay
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 // Events whose publish kills the relay. Such an event never returns a failure: its attempt is counted
 // at claim, its lease runs out, and the claim that takes it over (and, with it, every batch-mate that
-// died with it) sees rows whose delivery did not finish (store.Row.unfinished). Published together
+// died with it) sees rows whose delivery did not finish (store.Row.Unfinished). Published together
 // again, they would crash the next relay together, each crash counting an attempt against all of them,
 // until every one of them reached its maximum: the poison would take its batch-mates to dead with it.
 //
@@ -27,7 +27,7 @@ import (
 
 // isolateUnfinished returns the rows of a claimed batch to publish one by one, with alone set, when the
 // batch holds rows taken over from unfinished deliveries; otherwise rows as they are.
-func (w *Worker) isolateUnfinished(ctx context.Context, rows []store.Row) ([]store.Row, bool) {
+func (e *Engine[M]) isolateUnfinished(ctx context.Context, rows []store.Row) ([]store.Row, bool) {
 	if !slices.ContainsFunc(rows, func(r store.Row) bool { return r.Unfinished }) {
 		return rows, false // the usual case
 	}
@@ -45,23 +45,23 @@ func (w *Worker) isolateUnfinished(ctx context.Context, rows []store.Row) ([]sto
 			later = append(later, r.ID)
 		}
 	}
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FinishTimeout)
 	defer cancel()
-	err := w.sql.InTx(fctx, func(tx *sql.Tx) error {
+	err := e.sql.InTx(fctx, func(tx *sql.Tx) error {
 		if len(later) > 0 {
-			if err := w.sql.CountAttempt(fctx, tx, w.owner, later, -1); err != nil {
+			if err := e.sql.CountAttempt(fctx, tx, e.cfg.Owner, later, -1); err != nil {
 				return err
 			}
 		}
 		if len(fresh) > 0 {
-			return w.sql.Release(fctx, tx, w.owner, fresh, "")
+			return e.sql.Release(fctx, tx, e.cfg.Owner, fresh, "")
 		}
 		return nil
 	})
 	if err != nil {
 		// Publish the batch as it is: a crash would count against all of it, once more.
-		w.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not set apart events taken over from unfinished deliveries; publishing them together",
-			slog.String("worker", w.owner), slog.Int("events", len(rows)), slog.Any("error", err))
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: could not set apart events taken over from unfinished deliveries; publishing them together",
+			slog.String("worker", e.cfg.Owner), slog.Int("events", len(rows)), slog.Any("error", err))
 		return rows, false
 	}
 	return unfinished, true
@@ -69,26 +69,26 @@ func (w *Worker) isolateUnfinished(ctx context.Context, rows []store.Row) ([]sto
 
 // deliverAlone publishes and records the rows of c one at a time (see isolateUnfinished), and reports
 // them to the observer as one batch.
-func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published int, err error) {
+func (e *Engine[M]) deliverAlone(ctx context.Context, c *claimedBatch[M]) (published int, err error) {
 	held := c.lease // the rows not recorded yet, renewed meanwhile
-	defer func() { w.drop(held, nil) }()
+	defer func() { e.drop(held, nil) }()
 	res := c.res
 	start := time.Now()
 	for i := range c.rows {
 		if i > 0 {
-			until := w.leaseEnd(held)
-			w.drop(held, nil)
-			held = w.hold(c.rows[i:], time.Now(), until)
+			until := e.leaseEnd(held)
+			e.drop(held, nil)
+			held = e.hold(c.rows[i:], time.Now(), until)
 		}
 		r := c.rows[i]
 		// Found by id: the statements before (this one's attempt, renewals) moved it on PostgreSQL.
 		r.Ctid = ""
-		if ctx.Err() != nil || !w.leaseLive(held) {
+		if ctx.Err() != nil || !e.leaseLive(held) {
 			// Stopping, or the lease ran out (renewals failed): the rest were not started, and their
 			// attempts were given back already.
 			ids := store.RowIDs(c.rows[i:])
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-			err := w.sql.CountAttempt(fctx, w.sql.DB(), w.owner, ids, 0)
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FinishTimeout)
+			err := e.sql.CountAttempt(fctx, e.sql.DB(), e.cfg.Owner, ids, 0)
 			cancel()
 			if err != nil {
 				return published, fmt.Errorf("outboxplugin: hand back events: %w", err)
@@ -97,20 +97,21 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 			break
 		}
 		if i > 0 {
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-			err := w.sql.CountAttempt(fctx, w.sql.DB(), w.owner, []int64{r.ID}, +1)
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), FinishTimeout)
+			err := e.sql.CountAttempt(fctx, e.sql.DB(), e.cfg.Owner, []int64{r.ID}, +1)
 			cancel()
 			if err != nil {
 				return published, fmt.Errorf("outboxplugin: count an attempt: %w", err)
 			}
 			r.Msg.Attempt++
 		}
-		lctx, stop := w.leaseContext(ctx, held)
-		out := w.deliver(lctx, []Message{Message(r.Msg)})
+		lctx, stop := e.leaseContext(ctx, held)
+		msgs := []M{e.h.Message(r.Msg)}
+		out := e.deliver(lctx, []store.Row{r}, msgs)
 		ranOut := errors.Is(context.Cause(lctx), errLeaseRanOut)
 		stop()
-		one := BatchResult{}
-		if _, err := w.finish(ctx, []store.Row{r}, out, &one, ranOut); err != nil {
+		var one Result[M]
+		if _, err := e.finish(ctx, []store.Row{r}, msgs, out, &one, ranOut); err != nil {
 			return published, fmt.Errorf("outboxplugin: record batch outcome: %w", err)
 		}
 		published += len(one.Published)
@@ -121,6 +122,6 @@ func (w *Worker) deliverAlone(ctx context.Context, c *claimedBatch) (published i
 		res.LeaseLost += one.LeaseLost
 	}
 	res.PublishDuration = time.Since(start)
-	w.report(ctx, res)
+	e.h.BatchDone(ctx, res)
 	return published, nil
 }
