@@ -7,6 +7,8 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 	"gorm.io/gorm/schema"
+
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 )
 
 // The capture path, stage by stage:
@@ -50,32 +52,32 @@ func (p *Plugin) registerCallbacks(db *gorm.DB) error {
 	for _, err := range []error{
 		// Events held by the transaction are written before anything that could see the outbox
 		// table without them or end the transaction without them (txwatch.go).
-		db.Callback().Raw().Before("gorm:raw").Register(callbackPrefix+"flush", p.flushBeforeExec),
-		db.Callback().Query().Before("gorm:query").Register(callbackPrefix+"flush", p.flushBeforeRead),
-		db.Callback().Row().Before("gorm:row").Register(callbackPrefix+"flush", p.flushBeforeRead),
+		db.Callback().Raw().Before("gorm:raw").Register(callbackPrefix+"flush", p.ins.FlushBeforeExec),
+		db.Callback().Query().Before("gorm:query").Register(callbackPrefix+"flush", p.ins.FlushBeforeRead),
+		db.Callback().Row().Before("gorm:row").Register(callbackPrefix+"flush", p.ins.FlushBeforeRead),
 		// A transaction the database rolled back whole (a MySQL deadlock) drops its events; these see
 		// the errors of statements its connection does not see itself (PrepareStmt's). Registered
 		// After, they run last in their chains.
-		db.Callback().Raw().After("gorm:raw").Register(callbackPrefix+"observe", p.observeError),
-		db.Callback().Query().After("gorm:query").Register(callbackPrefix+"observe", p.observeError),
-		db.Callback().Row().After("gorm:row").Register(callbackPrefix+"observe", p.observeError),
+		db.Callback().Raw().After("gorm:raw").Register(callbackPrefix+"observe", p.ins.ObserveError),
+		db.Callback().Query().After("gorm:query").Register(callbackPrefix+"observe", p.ins.ObserveError),
+		db.Callback().Row().After("gorm:row").Register(callbackPrefix+"observe", p.ins.ObserveError),
 
 		create.Before("gorm:before_create").Register(callbackPrefix+"begin", p.begin(ChangesetCreate)),
 		create.Before("gorm:create").Register(callbackPrefix+"before_create", p.beforeCreate),
 		create.Before("gorm:save_after_associations").Register(callbackPrefix+"after_create", p.afterCreate),
-		create.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.observeError),
+		create.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.ins.ObserveError),
 		create.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"commit", p.commitOrRollback),
 
 		update.Before("gorm:setup_reflect_value").Register(callbackPrefix+"begin", p.begin(ChangesetUpdate)),
 		update.Before("gorm:update").Register(callbackPrefix+"before_update", p.beforeWrite),
 		update.Before("gorm:save_after_associations").Register(callbackPrefix+"after_update", p.afterWrite),
-		update.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.observeError),
+		update.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.ins.ObserveError),
 		update.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"commit", p.commitOrRollback),
 
 		del.Before("gorm:before_delete").Register(callbackPrefix+"begin", p.begin(ChangesetDelete)),
 		del.Before("gorm:delete").Register(callbackPrefix+"before_delete", p.beforeWrite),
 		del.Before("gorm:after_delete").Register(callbackPrefix+"after_delete", p.afterWrite),
-		del.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.observeError),
+		del.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"observe", p.ins.ObserveError),
 		del.Before("gorm:commit_or_rollback_transaction").Register(callbackPrefix+"commit", p.commitOrRollback),
 	} {
 		if err != nil {
@@ -149,14 +151,14 @@ func (p *Plugin) begin(op ChangesetType) func(*gorm.DB) {
 		if db.Error != nil {
 			return
 		}
-		if t := watchedTxOf(db.Statement.ConnPool); t != nil {
-			if err := t.closedErr(); err != nil {
+		if t := capture.TxOf(db.Statement.ConnPool); t != nil {
+			if err := t.ClosedErr(); err != nil {
 				db.AddError(err) // the write would commit on its own, outside the transaction
 				return
 			}
 		}
 		if db.Statement.Table == p.cfg.table {
-			p.flushHeld(db, "writing to "+p.cfg.table) // not captured, but it may change the events held
+			p.ins.FlushHeld(db, "writing to "+p.cfg.table) // not captured, but it may change the events held
 		}
 		sch, err := p.capturing(db)
 		if err != nil {
@@ -267,8 +269,8 @@ func (p *Plugin) after(db *gorm.DB, rowsOf func(*gorm.DB, *statementState, *writ
 	}
 	if err != nil {
 		db.AddError(err)
-		if t := watchedTxOf(db.Statement.ConnPool); t != nil {
-			t.fail(err)
+		if t := capture.TxOf(db.Statement.ConnPool); t != nil {
+			t.Fail(err)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
 
@@ -15,18 +16,18 @@ import (
 var unregistered = New()
 
 // EmitOption adds to an event written with Emit.
-type EmitOption func(*pendingEvent, map[string]string)
+type EmitOption func(*capture.Event, map[string]string)
 
 // WithAggregate sets the aggregate an emitted event belongs to; together the two form its message key.
 func WithAggregate(aggregateType, aggregateID string) EmitOption {
-	return func(e *pendingEvent, _ map[string]string) {
-		e.aggregateType, e.aggregateID = aggregateType, aggregateID
+	return func(e *capture.Event, _ map[string]string) {
+		e.AggregateType, e.AggregateID = aggregateType, aggregateID
 	}
 }
 
 // WithHeaders adds headers to an emitted event, over those of WithContextHeaders.
 func WithHeaders(h map[string]string) EmitOption {
-	return func(_ *pendingEvent, headers map[string]string) {
+	return func(_ *capture.Event, headers map[string]string) {
 		maps.Copy(headers, h)
 	}
 }
@@ -37,16 +38,16 @@ func WithHeaders(h map[string]string) EmitOption {
 // once. With WithKeyOrdering, a delayed event holds back the later events of its key until it is
 // published; without it, later events of the key may be published before it.
 func DeliverAfter(d time.Duration) EmitOption {
-	return func(e *pendingEvent, _ map[string]string) {
-		e.deliverAt = deliverAt(e.createdAt.Add(d), e.createdAt)
+	return func(e *capture.Event, _ map[string]string) {
+		e.DeliverAt = capture.Due(e.CreatedAt.Add(d), e.CreatedAt)
 	}
 }
 
 // DeliverAt is DeliverAfter with a time: the event is published no earlier than t. A zero t, or one
 // not after the event's write, publishes it at once.
 func DeliverAt(t time.Time) EmitOption {
-	return func(e *pendingEvent, _ map[string]string) {
-		e.deliverAt = deliverAt(t, e.createdAt)
+	return func(e *capture.Event, _ map[string]string) {
+		e.DeliverAt = capture.Due(t, e.CreatedAt)
 	}
 }
 
@@ -85,17 +86,17 @@ func Emit(tx *gorm.DB, eventType string, payload any, opts ...EmitOption) error 
 	if p.cfg.headers != nil {
 		maps.Copy(headers, p.cfg.headers(ctx))
 	}
-	ev := pendingEvent{eventType: eventType, payload: body, createdAt: now()}
+	ev := capture.Event{Type: eventType, Payload: body, CreatedAt: now()}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&ev, headers)
 		}
 	}
-	if ev.headers, err = encodeHeaders(headers); err != nil {
+	if ev.Headers, err = encodeHeaders(headers); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
-	ev.messageID = msgid.New()
-	if err := p.insertEvents(tx, tx.Statement.ConnPool, []pendingEvent{ev}, fmt.Sprintf("Emit %q", eventType)); err != nil {
+	ev.MessageID = msgid.New()
+	if err := p.ins.Insert(tx, tx.Statement.ConnPool, []capture.Event{ev}, fmt.Sprintf("Emit %q", eventType)); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
 	return nil

@@ -1,6 +1,10 @@
 package outboxplugin
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
+)
 
 // Errors a caller can act on. They are returned wrapped, with the operation and the model named;
 // match them with errors.Is.
@@ -71,16 +75,16 @@ var (
 	// innodb_rollback_on_timeout — by the writes, Emits and commit that follow: their rows would each
 	// commit on their own, outside the transaction its events belonged to. None of the transaction's
 	// events is written. Roll back and run the transaction again.
-	ErrTransactionRolledBack = errors.New("the database rolled the transaction back")
+	ErrTransactionRolledBack = capture.ErrTransactionRolledBack
 
 	// ErrTransactionEnded is returned by a write or Emit in a transaction the application ended with a
 	// COMMIT or ROLLBACK statement of its own (tx.Exec("COMMIT")): the write would commit on its own,
 	// apart from its event. Begin a new transaction.
-	ErrTransactionEnded = errors.New("the transaction was ended")
+	ErrTransactionEnded = capture.ErrTransactionEnded
 
 	// ErrUnknownSavepoint is returned by the commit of a transaction that rolled back to a savepoint
 	// the plugin did not see being set (SQL sent on SQLTx's *sql.Tx, around GORM) while it held
 	// events: which of them the rollback undid cannot be told, so the transaction is rolled back
 	// rather than committed with events of rows that are gone or without events of rows that stay.
-	ErrUnknownSavepoint = errors.New("rollback to a savepoint the plugin did not see")
+	ErrUnknownSavepoint = capture.ErrUnknownSavepoint
 )

@@ -11,20 +11,9 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
 
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
-
-// pendingEvent is one outbox row about to be inserted.
-type pendingEvent struct {
-	messageID     string
-	eventType     string
-	aggregateType string
-	aggregateID   string
-	payload       string
-	headers       *string // nil: SQL NULL
-	createdAt     time.Time
-	deliverAt     *time.Time // DeliverAfter, DeliverAt: not published before; nil: at once
-}
 
 var customizerType = reflect.TypeFor[EventCustomizer]()
 
@@ -56,7 +45,7 @@ func listedRows(rows []capturedRow) capturedRows { return capturedRows{n: len(ro
 
 // eventChunk is how many rows' events are built at a time: one INSERT's worth, which the transaction
 // writes as soon as it holds it (txwatch.go).
-const eventChunk = maxRowsPerInsert
+const eventChunk = capture.MaxRowsPerInsert
 
 // writeEvents turns the captured rows of one statement into events and hands them to the statement's
 // transaction, which writes them with the rest of its events (insertEvents), a chunk at a time: the
@@ -81,9 +70,9 @@ func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows capturedRows)
 			}
 			chunk = buf
 		}
-		var events []pendingEvent
+		var events []capture.Event
 		if events, err = b.build(chunk); err == nil && len(events) > 0 {
-			err = p.insertEvents(db, db.Statement.ConnPool, events, origin)
+			err = p.ins.Insert(db, db.Statement.ConnPool, events, origin)
 		}
 	}
 	if err != nil {
@@ -116,10 +105,10 @@ func (p *Plugin) newEventBuilder(db *gorm.DB, st *statementState) (*eventBuilder
 	return b, err
 }
 
-func (b *eventBuilder) build(rows []capturedRow) ([]pendingEvent, error) {
+func (b *eventBuilder) build(rows []capturedRow) ([]capture.Event, error) {
 	p, db, st, s := b.p, b.db, b.st, b.st.schema
 	ctx := db.Statement.Context
-	events := make([]pendingEvent, 0, len(rows))
+	events := make([]capture.Event, 0, len(rows))
 	for i := range rows {
 		row := &rows[i]
 		payload, err := p.defaultPayload(ctx, st, b.keyNames, row)
@@ -130,18 +119,18 @@ func (b *eventBuilder) build(rows []capturedRow) ([]pendingEvent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: key: %w", ErrEncodePayload, err)
 		}
-		ev := pendingEvent{
-			eventType:     s.Name + "_" + string(row.op),
-			aggregateType: s.Name,
-			aggregateID:   aggID,
-			payload:       payload,
-			headers:       b.headers,
-			createdAt:     b.createdAt,
+		ev := capture.Event{
+			Type:          s.Name + "_" + string(row.op),
+			AggregateType: s.Name,
+			AggregateID:   aggID,
+			Payload:       payload,
+			Headers:       b.headers,
+			CreatedAt:     b.createdAt,
 		}
 		if p.cfg.eventType != nil || b.customize {
 			cs := p.changeset(db, st, b.keyNames, row)
 			if p.cfg.eventType != nil {
-				ev.eventType = p.cfg.eventType(cs)
+				ev.Type = p.cfg.eventType(cs)
 			}
 			if b.customize {
 				skip, err := p.customize(s, row, &cs, &ev, b.headerMap)
@@ -153,10 +142,10 @@ func (b *eventBuilder) build(rows []capturedRow) ([]pendingEvent, error) {
 				}
 			}
 		}
-		if ev.eventType == "" {
+		if ev.Type == "" {
 			return nil, ErrEmptyEventType
 		}
-		ev.messageID = msgid.New()
+		ev.MessageID = msgid.New()
 		events = append(events, ev)
 	}
 	return events, nil
@@ -172,7 +161,7 @@ func (r *capturedRow) modelValue() reflect.Value {
 }
 
 // customize hands the event to the model's CustomizeOutboxEvent and applies what it changed.
-func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev *pendingEvent, headers map[string]string) (skip bool, err error) {
+func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev *capture.Event, headers map[string]string) (skip bool, err error) {
 	var target reflect.Value
 	if v := row.modelValue(); v.IsValid() && v.CanAddr() {
 		target = v.Addr()
@@ -183,10 +172,10 @@ func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev
 		}
 	}
 	e := Event{
-		Type:          ev.eventType,
-		AggregateType: ev.aggregateType,
-		AggregateID:   ev.aggregateID,
-		Payload:       json.RawMessage(ev.payload),
+		Type:          ev.Type,
+		AggregateType: ev.AggregateType,
+		AggregateID:   ev.AggregateID,
+		Payload:       json.RawMessage(ev.Payload),
 		Headers:       make(map[string]string, len(headers)),
 	}
 	maps.Copy(e.Headers, headers)
@@ -204,9 +193,9 @@ func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev
 	if err != nil {
 		return false, err
 	}
-	ev.eventType, ev.aggregateType, ev.aggregateID = e.Type, e.AggregateType, e.AggregateID
-	ev.payload, ev.headers = payload, hdr
-	ev.deliverAt = deliverAt(e.DeliverAt, ev.createdAt)
+	ev.Type, ev.AggregateType, ev.AggregateID = e.Type, e.AggregateType, e.AggregateID
+	ev.Payload, ev.Headers = payload, hdr
+	ev.DeliverAt = capture.Due(e.DeliverAt, ev.CreatedAt)
 	return false, nil
 }
 
@@ -321,14 +310,4 @@ func assignedValues(ctx context.Context, s *schema.Schema, stored readRow, assig
 		values = append(values, columnValue(ctx, f, stored.elem, stored.nulls))
 	}
 	return names, values
-}
-
-// deliverAt is the time a delayed event becomes due, or nil for one due at once (a zero time, or one
-// not after the event's creation).
-func deliverAt(t, created time.Time) *time.Time {
-	if t.IsZero() || !t.After(created) {
-		return nil
-	}
-	t = t.UTC()
-	return &t
 }

@@ -6,14 +6,16 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 )
 
 // UseInsertStrategy makes p write events with the named strategy ("values" or "unnest"), so that
 // benchmarks can compare them on one database.
 func UseInsertStrategy(p *Plugin, name string) {
-	for _, s := range []insertStrategy{insertValues, insertUnnest} {
+	for _, s := range []capture.Strategy{capture.InsertValues, capture.InsertUnnest} {
 		if s.String() == name {
-			p.insertStrategy = s
+			p.ins.Strategy = s
 			return
 		}
 	}
@@ -59,8 +61,8 @@ func ClaimRetryable(w *Worker, err error) bool { return w.sql.Retryable(err) }
 // NotifiesSent is how many wake-up NOTIFYs the plugin sent after commits on db's pool (0 when it
 // watches no commits there).
 func NotifiesSent(db *gorm.DB) int64 {
-	if cw := txWatchOf(db); cw != nil {
-		return cw.sent.Load()
+	if cw := capture.WatchOf(db); cw != nil {
+		return cw.Sent()
 	}
 	return 0
 }
@@ -72,7 +74,7 @@ func UseNotifyInTransaction(p *Plugin) { p.notifyInTx = true }
 // UsePerStatementInserts makes p, before it is registered, write the events of each statement right
 // after it instead of holding a transaction's events until commit, so that benchmarks can compare the
 // two.
-func UsePerStatementInserts(p *Plugin) { p.perStatementInserts = true }
+func UsePerStatementInserts(p *Plugin) { p.ins.PerStatement = true }
 
 // RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
 // writes into the text as literals.

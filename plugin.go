@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
 
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
@@ -21,24 +22,20 @@ type Plugin struct {
 	cfg config
 	err error // the first invalid option, returned by Initialize
 
-	sqlMu    sync.RWMutex
-	sqlCache map[insertShape]string
-
 	customizers sync.Map // reflect.Type of a model -> bool: whether it implements EventCustomizer
 
 	tables     modelTables // the models of tables written through db.Table(...) without one
 	tableInfos tableInfos  // unique keys, rowid and later triggers of tables (lookup.go)
 
-	insertStrategy      insertStrategy // zero: per dialect; set by tests and benchmarks to compare
-	lockedWrites        bool           // updates and deletes by condition as locked writes, as without RETURNING; set by tests
-	notifyInTx          bool           // no NOTIFY after commit: pg_notify inside every transaction, as before; set by benchmarks
-	perStatementInserts bool           // events written after each statement, not held until commit; set by benchmarks
+	ins          *capture.Inserter // writes the events: held by the transaction until commit (internal/capture)
+	lockedWrites bool              // updates and deletes by condition as locked writes, as without RETURNING; set by tests
+	notifyInTx   bool              // no NOTIFY after commit: pg_notify inside every transaction, as before; set by benchmarks
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of
 // Initialize.
 func New(opts ...Option) *Plugin {
-	p := &Plugin{cfg: defaultConfig(), sqlCache: make(map[insertShape]string)}
+	p := &Plugin{cfg: defaultConfig()}
 	for _, opt := range opts {
 		if opt == nil {
 			continue
@@ -47,6 +44,7 @@ func New(opts ...Option) *Plugin {
 			p.err = fmt.Errorf("outboxplugin: %w", err)
 		}
 	}
+	p.ins = &capture.Inserter{Table: p.cfg.table, Notify: p.cfg.notify}
 	return p
 }
 
@@ -60,7 +58,7 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 		return p.err
 	}
 	notify := p.cfg.notify && !p.notifyInTx && db.Dialector.Name() == "postgres"
-	if _, err := installTxWatch(db, p.cfg.table, notify); err != nil {
+	if _, err := capture.Install(db, p.cfg.table, notify); err != nil {
 		return fmt.Errorf("outboxplugin: watch the pool's transactions: %w", err)
 	}
 	return p.registerCallbacks(db)

@@ -16,6 +16,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 	"github.com/gorm-outbox/outboxplugin/internal/relay"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/wakeup"
@@ -203,10 +204,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.prepareTable(ctx); errors.Is(err, errMissingIndex) {
 		return err // other errors: the database is away, and Run retries
 	}
-	if cw := txWatchOf(w.db); cw != nil && cw.channel == w.cfg.table {
+	if cw := capture.WatchOf(w.db); cw != nil && cw.Channel() == w.cfg.table {
 		// Commits of this process wake the worker directly, with no notification.
-		cw.workers.Store(w, struct{}{})
-		defer cw.workers.Delete(w)
+		cw.AddWaker(w)
+		defer cw.RemoveWaker(w)
 	}
 	w.logStart(ctx)
 	defer w.logStop(ctx)

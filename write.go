@@ -304,6 +304,9 @@ func (w *write) QueryContext(ctx context.Context, query string, args ...any) (*s
 
 // Commit and Rollback keep the write a transaction in the eyes of code that checks for one
 // (gorm.TxCommitter), such as read/write splitting plugins.
+// StoodFor is the statement's own connection, which the write stands in for (capture.StandIn).
+func (w *write) StoodFor() gorm.ConnPool { return w.ConnPool }
+
 func (w *write) Commit() error {
 	if c, ok := w.ConnPool.(gorm.TxCommitter); ok {
 		return c.Commit()

@@ -1,4 +1,4 @@
-package outboxplugin
+package capture
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 //     TABLES, …), and before any other statement run with Exec (the raw callback chain), which may be
 //     anything;
 //   - before a query or Row/Rows of the outbox table (by Table, Model or SQL text naming it);
-//   - once maxRowsPerInsert events (or maxHeldBytes of them) are held: a transaction of a million
+//   - once MaxRowsPerInsert events (or maxHeldBytes of them) are held: a transaction of a million
 //     writes holds at most one INSERT's worth, and sends the INSERTs it would have sent at commit.
 //
 // A ROLLBACK or ROLLBACK TO SAVEPOINT never writes them: it drops those it undoes, so that a
@@ -74,17 +74,17 @@ const notifyInterval = 5 * time.Millisecond
 const notifyTimeout = time.Second
 
 // maxHeldBytes bounds the payload and header bytes a transaction holds: events of large payloads are
-// written before maxRowsPerInsert of them are held.
+// written before MaxRowsPerInsert of them are held.
 const maxHeldBytes = 8 << 20
 
-// txWatch sees the transactions begun on one pool.
-type txWatch struct {
+// Watch sees the transactions begun on one pool.
+type Watch struct {
 	pool    gorm.ConnPool // the pool under the wrapper: NOTIFYs go through it
 	dialect string
 	channel string // the outbox table: the channel workers LISTEN on
 	notify  bool   // send a NOTIFY after commits (PostgreSQL, notifications on)
 
-	workers sync.Map // *Worker -> struct{}: running workers of this process on the channel's table
+	wakers sync.Map // Waker -> struct{}: running relays of this process on the channel's table
 
 	prepared txsql.Prepared // transaction statements prepared on the pool (PrepareStmt)
 
@@ -100,14 +100,14 @@ type txWatch struct {
 	failed atomic.Int64 // NOTIFYs that failed (the poll covers them)
 }
 
-// installTxWatch wraps db's connection pool so that the plugin sees transactions. It runs from
+// Install wraps db's connection pool so that the plugin sees transactions. It runs from
 // Initialize, before the database is used by the plugin's callbacks. Any gorm.ConnPool will do: the
 // watch needs no *sql.DB.
-func installTxWatch(db *gorm.DB, table string, notify bool) (*txWatch, error) {
-	if cw := txWatchOf(db); cw != nil {
+func Install(db *gorm.DB, table string, notify bool) (*Watch, error) {
+	if cw := WatchOf(db); cw != nil {
 		return cw, nil // the pool is watched already (db.Use twice)
 	}
-	cw := &txWatch{dialect: db.Dialector.Name(), channel: table, notify: notify}
+	cw := &Watch{dialect: db.Dialector.Name(), channel: table, notify: notify}
 	old := db.Config.ConnPool
 	switch cp := old.(type) {
 	case nil:
@@ -126,25 +126,25 @@ func installTxWatch(db *gorm.DB, table string, notify bool) (*txWatch, error) {
 	return cw, nil
 }
 
-// watchedTxOf returns the watched transaction under pool (the connection of a statement), or nil when
+// TxOf returns the watched transaction under pool (the connection of a statement), or nil when
 // the wrapper did not begin it.
-func watchedTxOf(pool gorm.ConnPool) *watchedTx {
-	if w, ok := pool.(*write); ok {
-		pool = w.ConnPool
+func TxOf(pool gorm.ConnPool) *Tx {
+	if w, ok := pool.(StandIn); ok {
+		pool = w.StoodFor()
 	}
 	switch tx := pool.(type) {
-	case *watchedTx:
+	case *Tx:
 		return tx
 	case *gorm.PreparedStmtTX:
-		if t, ok := tx.Tx.(*watchedTx); ok {
+		if t, ok := tx.Tx.(*Tx); ok {
 			return t
 		}
 	}
 	return nil
 }
 
-// txWatchOf returns the watch installed on db's pool, or nil.
-func txWatchOf(db *gorm.DB) *txWatch {
+// WatchOf returns the watch installed on db's pool, or nil.
+func WatchOf(db *gorm.DB) *Watch {
 	pool := db.Config.ConnPool
 	if ps, ok := pool.(*gorm.PreparedStmtDB); ok {
 		pool = ps.ConnPool
@@ -157,9 +157,9 @@ func txWatchOf(db *gorm.DB) *txWatch {
 
 // committed announces a commit: it wakes this process's workers at once and, with notify, makes sure
 // a NOTIFY starts within notifyInterval. It never blocks.
-func (cw *txWatch) committed() {
-	cw.workers.Range(func(k, _ any) bool {
-		k.(*Worker).Wake()
+func (cw *Watch) committed() {
+	cw.wakers.Range(func(k, _ any) bool {
+		k.(Waker).Wake()
 		return true
 	})
 	if !cw.notify {
@@ -176,7 +176,7 @@ func (cw *txWatch) committed() {
 
 // notifyLoop sends a NOTIFY, waits notifyInterval, and sends another if a commit came meanwhile; it
 // returns when none did, so an idle process runs no goroutine for it.
-func (cw *txWatch) notifyLoop() {
+func (cw *Watch) notifyLoop() {
 	for {
 		cw.mu.Lock()
 		if !cw.pending {
@@ -202,13 +202,13 @@ func (cw *txWatch) notifyLoop() {
 // around the wrapper.
 type watchedPool struct {
 	gorm.ConnPool
-	cw *txWatch
+	cw *Watch
 }
 
 var (
 	_ gorm.ConnPoolBeginner = (*watchedPool)(nil)
 	_ gorm.GetDBConnector   = (*watchedPool)(nil)
-	_ gorm.Tx               = (*watchedTx)(nil)
+	_ gorm.Tx               = (*Tx)(nil)
 )
 
 func (p *watchedPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
@@ -234,7 +234,7 @@ func (p *watchedPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.Co
 	if !ok {
 		return nil, errors.New("outboxplugin: the connection pool began a transaction that is not a gorm.Tx")
 	}
-	return &watchedTx{Tx: t, cw: p.cw, pool: p, ctx: ctx}, nil
+	return &Tx{Tx: t, cw: p.cw, pool: p, ctx: ctx}, nil
 }
 
 // PrepareContext prepares a statement on the pool, remembering what a transaction statement does for
@@ -316,11 +316,11 @@ func (p *watchedPool) Close() error {
 	return nil
 }
 
-// watchedTx is a transaction the plugin sees: it holds the events of its statements until they are
+// Tx is a transaction the plugin sees: it holds the events of its statements until they are
 // written, follows its savepoints, and announces its commit.
-type watchedTx struct {
+type Tx struct {
 	gorm.Tx // *sql.Tx, or what a pool under the wrapper began
-	cw      *txWatch
+	cw      *Watch
 	pool    *watchedPool
 	// ctx is the context the transaction was begun with, which held events are written with:
 	// database/sql rolls the transaction back when it ends, so it lives as long as the transaction.
@@ -328,12 +328,12 @@ type watchedTx struct {
 	dirty atomic.Bool // events were written in it
 
 	mu        sync.Mutex
-	held      []pendingEvent // events not written yet, in the order of their statements
-	heldBytes int            // their payload and header bytes
-	origins   []string       // the statements they come from ("create User"), for errors
-	holder    *gorm.DB       // the statement that held the last of them: dialect, logger
+	held      []Event  // events not written yet, in the order of their statements
+	heldBytes int      // their payload and header bytes
+	origins   []string // the statements they come from ("create User"), for errors
+	holder    *gorm.DB // the statement that held the last of them: dialect, logger
 	holderCtx context.Context
-	plugin    *Plugin
+	inserter  *Inserter
 	// savepoints are the savepoints set in the transaction and not yet released or rolled past,
 	// oldest first, named as the database compares them.
 	savepoints []string
@@ -354,7 +354,7 @@ type watchedTx struct {
 // hold keeps events of the statement db, described by origin, until the transaction writes them. It
 // writes them at once when the transaction holds a full INSERT's worth, so that a transaction of any
 // size holds at most that many.
-func (t *watchedTx) hold(p *Plugin, db *gorm.DB, events []pendingEvent, origin string) error {
+func (t *Tx) hold(p *Inserter, db *gorm.DB, events []Event, origin string) error {
 	t.mu.Lock()
 	if err := t.closedLocked(); err != nil {
 		t.mu.Unlock()
@@ -363,16 +363,16 @@ func (t *watchedTx) hold(p *Plugin, db *gorm.DB, events []pendingEvent, origin s
 	t.dirty.Store(true)
 	t.held = append(t.held, events...)
 	for i := range events {
-		t.heldBytes += len(events[i].payload)
-		if events[i].headers != nil {
-			t.heldBytes += len(*events[i].headers)
+		t.heldBytes += len(events[i].Payload)
+		if events[i].Headers != nil {
+			t.heldBytes += len(*events[i].Headers)
 		}
 	}
 	if n := len(t.origins); n == 0 || t.origins[n-1] != origin {
 		t.origins = append(t.origins, origin)
 	}
-	t.holder, t.holderCtx, t.plugin = db, db.Statement.Context, p
-	full := len(t.held) >= maxRowsPerInsert || t.heldBytes >= maxHeldBytes
+	t.holder, t.holderCtx, t.inserter = db, db.Statement.Context, p
+	full := len(t.held) >= MaxRowsPerInsert || t.heldBytes >= maxHeldBytes
 	t.mu.Unlock()
 	if full {
 		return t.flush(false)
@@ -381,16 +381,16 @@ func (t *watchedTx) hold(p *Plugin, db *gorm.DB, events []pendingEvent, origin s
 }
 
 // holding reports whether events wait to be written.
-func (t *watchedTx) holding() bool {
+func (t *Tx) holding() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.held) > 0
 }
 
-// flush writes the events held so far, in INSERTs of up to maxRowsPerInsert rows; with all false,
+// flush writes the events held so far, in INSERTs of up to MaxRowsPerInsert rows; with all false,
 // only whole INSERTs' worth (the rest stays held, unless it is too large). An error names the
 // statements the events come from, and makes the transaction unable to commit.
-func (t *watchedTx) flush(all bool) error {
+func (t *Tx) flush(all bool) error {
 	t.mu.Lock()
 	if t.rolledBack != nil {
 		err := t.rolledBack
@@ -404,22 +404,22 @@ func (t *watchedTx) flush(all bool) error {
 	}
 	n := len(t.held)
 	if !all && t.heldBytes < maxHeldBytes {
-		n -= n % maxRowsPerInsert
+		n -= n % MaxRowsPerInsert
 	}
 	if n == 0 {
 		t.mu.Unlock()
 		return nil
 	}
-	events, origins, db, values, p := t.held[:n], t.origins, t.holder, t.holderCtx, t.plugin
+	events, origins, db, values, p := t.held[:n], t.origins, t.holder, t.holderCtx, t.inserter
 	if n == len(t.held) {
 		t.held, t.origins, t.heldBytes = nil, nil, 0
 	} else {
 		// A new array for the rest, so that the written events can be collected.
-		t.held = append([]pendingEvent(nil), t.held[n:]...)
+		t.held = append([]Event(nil), t.held[n:]...)
 		t.origins = append([]string(nil), origins[len(origins)-1])
 		t.heldBytes = 0
 		for i := range t.held {
-			t.heldBytes += len(t.held[i].payload)
+			t.heldBytes += len(t.held[i].Payload)
 		}
 	}
 	t.mu.Unlock()
@@ -433,17 +433,17 @@ func (t *watchedTx) flush(all bool) error {
 		// Some databases let the transaction go on after a failed statement, and GORM's SavePoint
 		// does not return the error of its Exec: the commit must fail, or the rows of these events
 		// would commit without them.
-		t.fail(err)
+		t.Fail(err)
 		return err
 	}
 	return nil
 }
 
-// fail makes the transaction unable to commit: rows of its statements are written without their
+// Fail makes the transaction unable to commit: rows of its statements are written without their
 // events. All events held come from statements after the latest savepoint, and so does a failed
 // statement: a rollback to that savepoint or an earlier one undoes them, and lets the transaction
 // commit again, as it would without the plugin.
-func (t *watchedTx) fail(err error) {
+func (t *Tx) Fail(err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.failed == nil {
@@ -477,14 +477,14 @@ func describeOrigins(origins []string) string {
 }
 
 // dropLocked forgets the events held, which a rollback undid. t.mu is held.
-func (t *watchedTx) dropLocked() {
+func (t *Tx) dropLocked() {
 	t.held, t.origins, t.holder, t.holderCtx, t.heldBytes = nil, nil, nil, nil, 0
 }
 
 // Commit writes the events held and commits. When they cannot be written, or the database rolled
 // the transaction back earlier, the transaction is rolled back and Commit fails: its rows are not
 // committed without their events.
-func (t *watchedTx) Commit() error {
+func (t *Tx) Commit() error {
 	t.mu.Lock()
 	failed, rolledBack := t.failed, t.rolledBack
 	t.mu.Unlock()
@@ -514,7 +514,7 @@ func (t *watchedTx) Commit() error {
 }
 
 // Rollback forgets the events held and rolls back.
-func (t *watchedTx) Rollback() error {
+func (t *Tx) Rollback() error {
 	t.mu.Lock()
 	t.dropLocked()
 	t.savepoints = nil
@@ -524,7 +524,7 @@ func (t *watchedTx) Rollback() error {
 
 // ExecContext runs a statement on the transaction's connection. A transaction statement is acted on
 // when the database has run it (see before and after).
-func (t *watchedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	s := txsql.Parse(query, t.cw.dialect == "postgres")
 	if err := t.before(s); err != nil {
 		return nil, err
@@ -541,7 +541,7 @@ func (t *watchedTx) ExecContext(ctx context.Context, query string, args ...any) 
 // QueryContext runs a query on the transaction's connection. A transaction statement sent this way
 // (Raw(...).Rows, Scan) is acted on before it is sent, when its context has not ended: some drivers
 // run the statement only when its rows are read, after this returns.
-func (t *watchedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	s := txsql.Parse(query, t.cw.dialect == "postgres")
 	if err := t.before(s); err != nil {
 		return nil, err
@@ -557,7 +557,7 @@ func (t *watchedTx) QueryContext(ctx context.Context, query string, args ...any)
 }
 
 // QueryRowContext is QueryContext for one row (Raw(...).Row).
-func (t *watchedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+func (t *Tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	s := txsql.Parse(query, t.cw.dialect == "postgres")
 	if s.Kind != txsql.Other {
 		if err := t.before(s); err == nil && ctx.Err() == nil {
@@ -571,7 +571,7 @@ func (t *watchedTx) QueryRowContext(ctx context.Context, query string, args ...a
 
 // PrepareContext prepares a statement in the transaction, remembering what a transaction statement
 // does for when it runs (PrepareStmt).
-func (t *watchedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+func (t *Tx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
 	stmt, err := t.Tx.PrepareContext(ctx, query)
 	if err == nil {
 		t.cw.prepared.Remember(stmt, txsql.Parse(query, t.cw.dialect == "postgres"))
@@ -582,7 +582,7 @@ func (t *watchedTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt
 // StmtContext gives a prepared statement to the transaction; GORM's PrepareStmt runs every statement
 // of a transaction through it, right before executing it. A transaction statement is acted on then,
 // as QueryContext does.
-func (t *watchedTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
+func (t *Tx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
 	if s, ok := t.cw.prepared.Lookup(stmt); ok {
 		if err := t.before(s); err == nil && ctx.Err() == nil {
 			t.after(s)
@@ -596,7 +596,7 @@ func (t *watchedTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
 // statement that may commit. A ROLLBACK is never preceded by a write: the transaction may be one the
 // database refuses every statement in until the rollback (PostgreSQL after an error). Nothing but a
 // ROLLBACK is sent in a transaction the database rolled back whole.
-func (t *watchedTx) before(s txsql.Statement) error {
+func (t *Tx) before(s txsql.Statement) error {
 	switch s.Kind {
 	case txsql.Rollback, txsql.RollbackTo:
 		return nil
@@ -634,7 +634,7 @@ func txStatementName(k txsql.Kind) string {
 // did not see set (SQL sent around GORM, on SQLTx's *sql.Tx) while events are held cannot be
 // matched with them: the transaction is failed instead of committing with events of rows that are
 // gone or without events of rows that stay.
-func (t *watchedTx) after(s txsql.Statement) {
+func (t *Tx) after(s txsql.Statement) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch s.Kind {
@@ -682,7 +682,7 @@ func (t *watchedTx) after(s txsql.Statement) {
 }
 
 // savepointIndex is the position of the latest savepoint named name, or -1. t.mu is held.
-func (t *watchedTx) savepointIndex(name string) int {
+func (t *Tx) savepointIndex(name string) int {
 	for i := len(t.savepoints) - 1; i >= 0; i-- {
 		if t.savepoints[i] == name {
 			return i
@@ -695,7 +695,7 @@ func (t *watchedTx) savepointIndex(name string) int {
 // the whole transaction back — a deadlock on MySQL and MariaDB, or a lock wait timeout with
 // innodb_rollback_on_timeout — the events held are dropped and nothing more may be written: the
 // statements that follow would each commit on their own.
-func (t *watchedTx) observe(err error) {
+func (t *Tx) observe(err error) {
 	if err == nil || t.cw.dialect != "mysql" {
 		return
 	}
@@ -722,21 +722,21 @@ func (t *watchedTx) observe(err error) {
 }
 
 // rolledBackErr is the error of a transaction the database rolled back whole, or nil.
-func (t *watchedTx) rolledBackErr() error {
+func (t *Tx) rolledBackErr() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.rolledBack
 }
 
-// closedErr is the error of a transaction no write may join any more — rolled back whole by the
+// ClosedErr is the error of a transaction no write may join any more — rolled back whole by the
 // database, or ended by a COMMIT or ROLLBACK statement of the application's — or nil.
-func (t *watchedTx) closedErr() error {
+func (t *Tx) ClosedErr() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.closedLocked()
 }
 
-func (t *watchedTx) closedLocked() error {
+func (t *Tx) closedLocked() error {
 	if t.rolledBack != nil {
 		return t.rolledBack
 	}
@@ -744,17 +744,36 @@ func (t *watchedTx) closedLocked() error {
 }
 
 // GetDBConn keeps db.DB() working inside a transaction.
-func (t *watchedTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
+func (t *Tx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
 
 // SQLTx returns the *sql.Tx under the transaction, for code that needs it
 // (tx.Statement.ConnPool.(*sql.Tx) no longer matches once the plugin is registered). The plugin does
 // not see what is sent on it: events of the transaction's statements may not be in the outbox table
 // yet (they are written at the latest before commit), and savepoints set or rolled back on it are
 // not followed (docs/capture.md).
-func (t *watchedTx) SQLTx() (*sql.Tx, bool) {
+func (t *Tx) SQLTx() (*sql.Tx, bool) {
 	tx, ok := t.Tx.(*sql.Tx)
 	return tx, ok
 }
+
+// Waker is a relay of this process that a commit wakes (the root's Worker).
+type Waker interface{ Wake() }
+
+// AddWaker has every commit of a transaction that wrote events wake k, until RemoveWaker.
+func (cw *Watch) AddWaker(k Waker) { cw.wakers.Store(k, struct{}{}) }
+
+// RemoveWaker undoes AddWaker.
+func (cw *Watch) RemoveWaker(k Waker) { cw.wakers.Delete(k) }
+
+// Channel is the outbox table whose commits the watch announces.
+func (cw *Watch) Channel() string { return cw.channel }
+
+// Sent is how many wake-up NOTIFYs the watch sent, for tests.
+func (cw *Watch) Sent() int64 { return cw.sent.Load() }
+
+// StandIn is a connection that stands in for the statement's own while the statement runs (the
+// capture's write), so that TxOf finds the transaction under it.
+type StandIn interface{ StoodFor() gorm.ConnPool }
 
 // MySQL and MariaDB error numbers that say the transaction was rolled back.
 const (
@@ -765,7 +784,7 @@ const (
 // rollsBackOnTimeout reports whether a lock wait timeout rolls back the whole transaction
 // (innodb_rollback_on_timeout), read once through tx. When it cannot be read, it answers yes: then
 // the transaction cannot commit, rather than commit events of rows that may be gone.
-func (cw *txWatch) rollsBackOnTimeout(tx gorm.ConnPool) bool {
+func (cw *Watch) rollsBackOnTimeout(tx gorm.ConnPool) bool {
 	switch cw.rollbackOnTimeout.Load() {
 	case 1:
 		return false
@@ -786,12 +805,12 @@ func (cw *txWatch) rollsBackOnTimeout(tx gorm.ConnPool) bool {
 	return on
 }
 
-// flushBeforeExec writes the events held before a statement run with Exec, which may be anything: a
+// FlushBeforeExec writes the events held before a statement run with Exec, which may be anything: a
 // commit by hand, SQL that reads or changes the outbox table. Transaction statements are left to the
 // transaction, which sees them on every path (a ROLLBACK must not be preceded by a write). Nothing is
 // run in a transaction the database rolled back whole.
-func (p *Plugin) flushBeforeExec(db *gorm.DB) {
-	t := watchedTxOf(db.Statement.ConnPool)
+func (p *Inserter) FlushBeforeExec(db *gorm.DB) {
+	t := TxOf(db.Statement.ConnPool)
 	if t == nil || db.Error != nil {
 		return
 	}
@@ -809,32 +828,32 @@ func (p *Plugin) flushBeforeExec(db *gorm.DB) {
 	}
 }
 
-// observeError hands the error of a statement to its transaction, which drops its events when the
+// ObserveError hands the error of a statement to its transaction, which drops its events when the
 // database rolled it back whole. It runs at the end of every chain, so that errors of statements the
 // transaction's connection does not see itself (PrepareStmt's) are seen too.
-func (p *Plugin) observeError(db *gorm.DB) {
+func (p *Inserter) ObserveError(db *gorm.DB) {
 	if db.Error == nil {
 		return
 	}
-	if t := watchedTxOf(db.Statement.ConnPool); t != nil {
+	if t := TxOf(db.Statement.ConnPool); t != nil {
 		t.observe(db.Error)
 	}
 }
 
-// flushBeforeRead writes the events held before a query of the outbox table, so that the
+// FlushBeforeRead writes the events held before a query of the outbox table, so that the
 // transaction reads its own events.
-func (p *Plugin) flushBeforeRead(db *gorm.DB) {
+func (p *Inserter) FlushBeforeRead(db *gorm.DB) {
 	t := holdingTx(db)
 	if t == nil {
 		return // the common case: decided without looking at the query
 	}
-	if s := db.Statement; s.Table == p.cfg.table || strings.Contains(s.SQL.String(), p.cfg.table) {
+	if s := db.Statement; s.Table == p.Table || strings.Contains(s.SQL.String(), p.Table) {
 		flushFor(db, t, "reading the outbox table")
 	}
 }
 
-// flushHeld writes the events db's transaction holds, if any, before what.
-func (p *Plugin) flushHeld(db *gorm.DB, what string) {
+// FlushHeld writes the events db's transaction holds, if any, before what.
+func (p *Inserter) FlushHeld(db *gorm.DB, what string) {
 	if t := holdingTx(db); t != nil {
 		flushFor(db, t, what)
 	}
@@ -842,18 +861,18 @@ func (p *Plugin) flushHeld(db *gorm.DB, what string) {
 
 // holdingTx returns the watched transaction of db's statement when it holds events and the statement
 // has not failed, and nil otherwise.
-func holdingTx(db *gorm.DB) *watchedTx {
+func holdingTx(db *gorm.DB) *Tx {
 	if db.Error != nil {
 		return nil
 	}
-	if t := watchedTxOf(db.Statement.ConnPool); t != nil && t.holding() {
+	if t := TxOf(db.Statement.ConnPool); t != nil && t.holding() {
 		return t
 	}
 	return nil
 }
 
 // flushFor writes t's events before what, failing db's statement when they cannot be written.
-func flushFor(db *gorm.DB, t *watchedTx, what string) {
+func flushFor(db *gorm.DB, t *Tx, what string) {
 	if err := t.flush(true); err != nil {
 		db.AddError(fmt.Errorf("%w (written before %s)", err, what))
 	}

@@ -1,22 +1,40 @@
-package outboxplugin
+package capture
 
 import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
 )
 
+// Inserter writes the events of a plugin's statements: into the statement's watched transaction,
+// which holds them until it writes them all together (Watch), or at once. Its fields are set before
+// the plugin is registered and not changed after.
+type Inserter struct {
+	Table  string // the outbox table, a validated identifier
+	Notify bool   // wake the relays of other processes on PostgreSQL (WithNotify)
+	// Strategy is how events reach the table; zero: per dialect. Set by tests and benchmarks to
+	// compare.
+	Strategy Strategy
+	// PerStatement writes the events of each statement right after it instead of holding a
+	// transaction's events until commit; set by benchmarks to compare.
+	PerStatement bool
+
+	sqlMu    sync.RWMutex
+	sqlCache map[insertShape]string
+}
+
 // insertColumns are the columns the plugin writes; processed and attempts take their defaults, the
 // relay's columns start NULL.
 var insertColumns = [...]string{"message_id", "event_type", "aggregate_type", "aggregate_id", "payload", "headers", "created_at"}
 
-// maxRowsPerInsert bounds one INSERT: 1000 rows of 7 values stay far below the bind-parameter limits
+// MaxRowsPerInsert bounds one INSERT: 1000 rows of 7 values stay far below the bind-parameter limits
 // of PostgreSQL and MySQL (65535) and SQLite (32766). A statement that changes more rows writes its
 // events in INSERTs of this size.
-const maxRowsPerInsert = 1000
+const MaxRowsPerInsert = 1000
 
 type insertShape struct {
 	dialect string
@@ -25,51 +43,51 @@ type insertShape struct {
 	delayed bool // with next_attempt_at (delayedSQL)
 }
 
-// insertStrategy is how the events of one transaction (or statement) reach the table.
-type insertStrategy int
+// Strategy is how the events of one transaction (or statement) reach the table.
+type Strategy int
 
 const (
-	// insertValues: INSERT INTO t (...) VALUES (...), (...) with one bind variable per value. Every
+	// InsertValues: INSERT INTO t (...) VALUES (...), (...) with one bind variable per value. Every
 	// database takes it; the text depends on the row count.
-	insertValues insertStrategy = iota + 1
-	// insertUnnest (PostgreSQL): INSERT INTO t (...) SELECT ... FROM unnest($1::text[], ...), one
+	InsertValues Strategy = iota + 1
+	// InsertUnnest (PostgreSQL): INSERT INTO t (...) SELECT ... FROM unnest($1::text[], ...), one
 	// array per column. Seven bind variables whatever the row count, so one prepared statement
 	// serves every batch, and the server decodes seven arrays instead of hundreds of parameters. A
 	// single event still goes through VALUES, which is cheaper for one row.
-	insertUnnest
+	InsertUnnest
 )
 
-func (s insertStrategy) String() string {
+func (s Strategy) String() string {
 	switch s {
-	case insertValues:
+	case InsertValues:
 		return "values"
-	case insertUnnest:
+	case InsertUnnest:
 		return "unnest"
 	}
 	return "unknown"
 }
 
 // strategy picks the insert of db's dialect; docs/benchmarks.md has the measurements behind it.
-func (p *Plugin) strategy(db *gorm.DB) insertStrategy {
-	if p.insertStrategy != 0 {
-		return p.insertStrategy
+func (p *Inserter) strategy(db *gorm.DB) Strategy {
+	if p.Strategy != 0 {
+		return p.Strategy
 	}
 	if db.Dialector.Name() == "postgres" {
-		return insertUnnest
+		return InsertUnnest
 	}
-	return insertValues
+	return InsertValues
 }
 
-// insertEvents has the events of statement db (origin: "create User") written in its transaction,
+// Insert has the events of statement db (origin: "create User") written in its transaction,
 // pool: held by the transaction until it writes them all together (txwatch.go) when the plugin
 // watches it, written now otherwise.
-func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, origin string) error {
-	t := watchedTxOf(pool)
-	if t != nil && !p.perStatementInserts {
+func (p *Inserter) Insert(db *gorm.DB, pool gorm.ConnPool, events []Event, origin string) error {
+	t := TxOf(pool)
+	if t != nil && !p.PerStatement {
 		return t.hold(p, db, events, origin)
 	}
 	if t != nil {
-		if err := t.closedErr(); err != nil {
+		if err := t.ClosedErr(); err != nil {
 			return err
 		}
 		t.dirty.Store(true)
@@ -79,20 +97,20 @@ func (p *Plugin) insertEvents(db *gorm.DB, pool gorm.ConnPool, events []pendingE
 
 // notifyInTransaction reports whether events written in t (nil: a transaction the plugin does not
 // watch) carry their own wake-up, pg_notify inside the transaction, because none follows its commit.
-func (p *Plugin) notifyInTransaction(db *gorm.DB, t *watchedTx) bool {
-	return p.cfg.notify && db.Dialector.Name() == "postgres" && (t == nil || !t.cw.notify)
+func (p *Inserter) notifyInTransaction(db *gorm.DB, t *Tx) bool {
+	return p.Notify && db.Dialector.Name() == "postgres" && (t == nil || !t.cw.notify)
 }
 
 // insertNow writes events with multi-row INSERTs on pool (the transaction of the write) under ctx,
 // with notify preceded by pg_notify. db gives the dialect and the logger.
-func (p *Plugin) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, events []pendingEvent, notify bool) error {
+func (p *Inserter) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, events []Event, notify bool) error {
 	strategy := p.strategy(db)
 	for len(events) > 0 {
 		// A run of events of one kind, delayed (DeliverAfter, DeliverAt) or not, in their order: the
 		// ids keep the order of the writes, which per-key ordering follows.
-		delayed := events[0].deliverAt != nil
+		delayed := events[0].DeliverAt != nil
 		n := 1
-		for n < len(events) && n < maxRowsPerInsert && (events[n].deliverAt != nil) == delayed {
+		for n < len(events) && n < MaxRowsPerInsert && (events[n].DeliverAt != nil) == delayed {
 			n++
 		}
 		var (
@@ -103,7 +121,7 @@ func (p *Plugin) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPool,
 		case delayed:
 			// Not due before its time: no wake-up either, the relay polls for it.
 			query, args = p.delayedSQL(db, n), delayedArgs(events[:n])
-		case strategy == insertUnnest && n > 1:
+		case strategy == InsertUnnest && n > 1:
 			query, args = p.unnestSQL(db, notify), unnestArgs(events[:n])
 		default:
 			query, args = p.valuesSQL(db, n, notify), valuesArgs(events[:n])
@@ -114,22 +132,22 @@ func (p *Plugin) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPool,
 			return db.Dialector.Explain(query, args...), int64(n)
 		}, err)
 		if err != nil {
-			return fmt.Errorf("insert into %s: %w", p.cfg.table, err)
+			return fmt.Errorf("insert into %s: %w", p.Table, err)
 		}
 		events = events[n:]
 	}
 	return nil
 }
 
-func valuesArgs(events []pendingEvent) []any {
+func valuesArgs(events []Event) []any {
 	args := make([]any, 0, len(events)*len(insertColumns))
 	for i := range events {
 		e := &events[i]
 		var headers any
-		if e.headers != nil {
-			headers = *e.headers
+		if e.Headers != nil {
+			headers = *e.Headers
 		}
-		args = append(args, e.messageID, e.eventType, e.aggregateType, e.aggregateID, e.payload, headers, e.createdAt)
+		args = append(args, e.MessageID, e.Type, e.AggregateType, e.AggregateID, e.Payload, headers, e.CreatedAt)
 	}
 	return args
 }
@@ -137,7 +155,7 @@ func valuesArgs(events []pendingEvent) []any {
 // unnestArgs passes each column as a PostgreSQL array literal ({"a","b"}) in a text parameter, which
 // every PostgreSQL driver accepts. Creation times go as text with microseconds, truncated as pgx
 // truncates a time.Time: the events of one transaction's statements each keep their own.
-func unnestArgs(events []pendingEvent) []any {
+func unnestArgs(events []Event) []any {
 	var cols [7][]byte
 	for c := range cols {
 		cols[c] = append(make([]byte, 0, 2+len(events)*40), '{')
@@ -145,21 +163,21 @@ func unnestArgs(events []pendingEvent) []any {
 	for i := range events {
 		e := &events[i]
 		sep := i > 0
-		cols[0] = appendArrayElem(cols[0], e.messageID, sep)
-		cols[1] = appendArrayElem(cols[1], e.eventType, sep)
-		cols[2] = appendArrayElem(cols[2], e.aggregateType, sep)
-		cols[3] = appendArrayElem(cols[3], e.aggregateID, sep)
-		cols[4] = appendArrayElem(cols[4], e.payload, sep)
+		cols[0] = appendArrayElem(cols[0], e.MessageID, sep)
+		cols[1] = appendArrayElem(cols[1], e.Type, sep)
+		cols[2] = appendArrayElem(cols[2], e.AggregateType, sep)
+		cols[3] = appendArrayElem(cols[3], e.AggregateID, sep)
+		cols[4] = appendArrayElem(cols[4], e.Payload, sep)
 		if sep {
 			cols[5] = append(cols[5], ',')
 			cols[6] = append(cols[6], ',')
 		}
-		if e.headers == nil {
+		if e.Headers == nil {
 			cols[5] = append(cols[5], "NULL"...)
 		} else {
-			cols[5] = appendArrayElem(cols[5], *e.headers, false)
+			cols[5] = appendArrayElem(cols[5], *e.Headers, false)
 		}
-		cols[6] = e.createdAt.UTC().AppendFormat(cols[6], "2006-01-02 15:04:05.999999Z07:00")
+		cols[6] = e.CreatedAt.UTC().AppendFormat(cols[6], "2006-01-02 15:04:05.999999Z07:00")
 	}
 	args := make([]any, 0, len(cols))
 	for c := range cols {
@@ -185,7 +203,7 @@ func appendArrayElem(b []byte, s string, sep bool) []byte {
 }
 
 // cachedSQL returns the statement text for shape, building it once.
-func (p *Plugin) cachedSQL(shape insertShape, build func() string) string {
+func (p *Inserter) cachedSQL(shape insertShape, build func() string) string {
 	p.sqlMu.RLock()
 	query, ok := p.sqlCache[shape]
 	p.sqlMu.RUnlock()
@@ -194,6 +212,9 @@ func (p *Plugin) cachedSQL(shape insertShape, build func() string) string {
 	}
 	query = build()
 	p.sqlMu.Lock()
+	if p.sqlCache == nil {
+		p.sqlCache = make(map[insertShape]string)
+	}
 	if len(p.sqlCache) < 256 {
 		p.sqlCache[shape] = query
 	}
@@ -207,15 +228,15 @@ func (p *Plugin) cachedSQL(shape insertShape, build func() string) string {
 // materialised so that it runs once per statement, and PostgreSQL folds the identical notifications
 // of one transaction into one, delivered at commit (none on rollback). The table name is a validated
 // identifier, safe to write as a literal.
-func (p *Plugin) insertHead(stmt *gorm.Statement, notify bool) *strings.Builder {
+func (p *Inserter) insertHead(stmt *gorm.Statement, notify bool) *strings.Builder {
 	b := new(strings.Builder)
 	if notify {
 		b.WriteString("WITH n AS MATERIALIZED (SELECT pg_notify('")
-		b.WriteString(p.cfg.table)
+		b.WriteString(p.Table)
 		b.WriteString("', '')) ")
 	}
 	b.WriteString("INSERT INTO ")
-	b.WriteString(stmt.Quote(p.cfg.table))
+	b.WriteString(stmt.Quote(p.Table))
 	b.WriteString(" (")
 	for i, c := range insertColumns {
 		if i > 0 {
@@ -229,7 +250,7 @@ func (p *Plugin) insertHead(stmt *gorm.Statement, notify bool) *strings.Builder 
 
 // unnestSQL is INSERT INTO t (...) SELECT m, t, a, i, p::json, h::json, c FROM unnest($1::text[],
 // ..., $6::text[], $7::timestamptz[]) [, n].
-func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
+func (p *Inserter) unnestSQL(db *gorm.DB, notify bool) string {
 	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: -1, notify: notify}, func() string {
 		stmt := &gorm.Statement{DB: db}
 		var from strings.Builder
@@ -257,16 +278,16 @@ func (p *Plugin) unnestSQL(db *gorm.DB, notify bool) string {
 	})
 }
 
-func delayedArgs(events []pendingEvent) []any {
+func delayedArgs(events []Event) []any {
 	args := make([]any, 0, len(events)*(len(insertColumns)+1))
 	for i := range events {
 		e := &events[i]
 		var headers any
-		if e.headers != nil {
-			headers = *e.headers
+		if e.Headers != nil {
+			headers = *e.Headers
 		}
-		args = append(args, e.messageID, e.eventType, e.aggregateType, e.aggregateID, e.payload, headers, e.createdAt,
-			e.deliverAt.UTC().Truncate(time.Microsecond))
+		args = append(args, e.MessageID, e.Type, e.AggregateType, e.AggregateID, e.Payload, headers, e.CreatedAt,
+			e.DeliverAt.UTC().Truncate(time.Microsecond))
 	}
 	return args
 }
@@ -274,7 +295,7 @@ func delayedArgs(events []pendingEvent) []any {
 // delayedSQL is INSERT INTO t (..., next_attempt_at) VALUES (...), ... for n delayed events: the
 // claim takes a row whose next_attempt_at has come as a due one, and leaves it alone before, so a
 // delayed event lies past the end of the claim index's due run until its time (see OutboxEvent).
-func (p *Plugin) delayedSQL(db *gorm.DB, n int) string {
+func (p *Inserter) delayedSQL(db *gorm.DB, n int) string {
 	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n, delayed: true}, func() string {
 		stmt := &gorm.Statement{DB: db}
 		pg := db.Dialector.Name() == "postgres"
@@ -316,7 +337,7 @@ var pgValueCasts = [...]string{"::text", "::text", "::text", "::text", "::json",
 // dialect; with notify, INSERT INTO t (...) SELECT v.* FROM (VALUES ...) v, n. The text is cached per
 // dialect and row count: drivers that cache prepared statements by text (pgx) then reuse the
 // server-side plan.
-func (p *Plugin) valuesSQL(db *gorm.DB, n int, notify bool) string {
+func (p *Inserter) valuesSQL(db *gorm.DB, n int, notify bool) string {
 	return p.cachedSQL(insertShape{dialect: db.Dialector.Name(), rows: n, notify: notify}, func() string {
 		stmt := &gorm.Statement{DB: db}
 		// On PostgreSQL the values are typed even where the target columns would type them: a
