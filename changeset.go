@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"encoding/json"
+	"github.com/gorm-outbox/outboxplugin/internal/capture"
 	"gorm.io/gorm/schema"
 )
 
@@ -81,4 +83,29 @@ type Event struct {
 // the write and rolls its transaction back.
 type EventCustomizer interface {
 	CustomizeOutboxEvent(c *Changeset, e *Event) error
+}
+
+// publicChangeset is the capture's view of a row as a Changeset.
+func publicChangeset(cs *capture.Changeset) Changeset {
+	return Changeset{Type: ChangesetType(cs.Type), Model: cs.Model, Table: cs.Table, Schema: cs.Schema,
+		Keys: cs.Keys, Row: cs.Row, Changes: cs.Changes, Context: cs.Context}
+}
+
+// customize hands a row's event to its model's CustomizeOutboxEvent (capture.Config.Customize):
+// model is a pointer to the model value, which implements EventCustomizer.
+func customize(model any, cs *capture.Changeset, e *capture.Shape) error {
+	c := publicChangeset(cs)
+	ev := (*Event)(e) // the same fields, in the same order
+	err := model.(EventCustomizer).CustomizeOutboxEvent(&c, ev)
+	ev.Payload = rawJSON(ev.Payload)
+	return err
+}
+
+// rawJSON makes a JSON payload the json.RawMessage it stands for, which the capture's encoder takes as
+// JSON text; other payloads are returned as they are.
+func rawJSON(payload any) any {
+	if j, ok := payload.(JSON); ok {
+		return json.RawMessage(j)
+	}
+	return payload
 }

@@ -69,10 +69,10 @@ func Emit(tx *gorm.DB, eventType string, payload any, opts ...EmitOption) error 
 	if eventType == "" {
 		return fmt.Errorf("outboxplugin: Emit: %w", ErrEmptyEventType)
 	}
-	if !inTransaction(tx.Statement.ConnPool) {
+	if !capture.InTransaction(tx.Statement.ConnPool) {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, ErrNotInTransaction)
 	}
-	body, err := encodePayload(payload)
+	body, err := capture.EncodePayload(rawJSON(payload))
 	if err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
@@ -92,11 +92,11 @@ func Emit(tx *gorm.DB, eventType string, payload any, opts ...EmitOption) error 
 			opt(&ev, headers)
 		}
 	}
-	if ev.Headers, err = encodeHeaders(headers); err != nil {
+	if ev.Headers, err = capture.EncodeHeaders(headers); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
 	ev.MessageID = msgid.New()
-	if err := p.ins.Insert(tx, tx.Statement.ConnPool, []capture.Event{ev}, fmt.Sprintf("Emit %q", eventType)); err != nil {
+	if err := p.c.Insert(tx, tx.Statement.ConnPool, []capture.Event{ev}, fmt.Sprintf("Emit %q", eventType)); err != nil {
 		return fmt.Errorf("outboxplugin: Emit %q: %w", eventType, err)
 	}
 	return nil

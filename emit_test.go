@@ -85,10 +85,39 @@ func TestEmitRefusesBadInput(t *testing.T) {
 			require.ErrorIs(t, outboxplugin.Emit(tx, "Chan", make(chan int)), outboxplugin.ErrEncodePayload)
 			require.ErrorIs(t, outboxplugin.Emit(tx, "BadRaw", json.RawMessage(`{"a":`)), outboxplugin.ErrInvalidJSON)
 			require.ErrorIs(t, outboxplugin.Emit(tx, "BadBytes", []byte("not json")), outboxplugin.ErrEncodePayload)
+			require.ErrorIs(t, outboxplugin.Emit(tx, "BadJSONType", outboxplugin.JSON(`{"a":`)), outboxplugin.ErrInvalidJSON)
 			return nil
 		})
 		require.NoError(t, err)
 		assert.Empty(t, loadEvents(t, db), "nothing written by refused calls")
 		require.Error(t, outboxplugin.Emit(nil, "Nil", nil))
 	})
+}
+
+// A payload of this package's JSON type, from Emit or from a customizer, is JSON text written as it
+// is, like json.RawMessage, not a byte slice for encoding/json to encode as base64.
+func TestJSONPayloadIsJSONText(t *testing.T) {
+	forEachDB(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		resetTables(t, db, &RawWidget{})
+		require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+			return outboxplugin.Emit(tx, "Raw", outboxplugin.JSON(`{"emitted":[1,2]}`))
+		}))
+		require.NoError(t, db.Create(&RawWidget{Name: "w"}).Error)
+		evs := loadEvents(t, db)
+		require.Len(t, evs, 2)
+		assert.JSONEq(t, `{"emitted":[1,2]}`, string(evs[0].Payload))
+		assert.JSONEq(t, `{"customized":"w"}`, string(evs[1].Payload))
+	})
+}
+
+// RawWidget's customizer sets its payload as this package's JSON type.
+type RawWidget struct {
+	ID   uint
+	Name string
+}
+
+func (w *RawWidget) CustomizeOutboxEvent(_ *outboxplugin.Changeset, e *outboxplugin.Event) error {
+	e.Payload = outboxplugin.JSON(`{"customized":"` + w.Name + `"}`)
+	return nil
 }

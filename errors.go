@@ -19,15 +19,15 @@ var (
 	ErrInvalidTableName = errors.New("invalid outbox table name")
 
 	// ErrEmptyEventType is returned when an event would have no type.
-	ErrEmptyEventType = errors.New("empty event type")
+	ErrEmptyEventType = capture.ErrEmptyEventType
 
 	// ErrInvalidJSON is returned when a payload or headers given as raw JSON are not valid JSON.
-	ErrInvalidJSON = errors.New("invalid JSON")
+	ErrInvalidJSON = capture.ErrInvalidJSON
 
 	// ErrEncodePayload wraps the error of a payload that cannot be encoded as JSON. The write that
 	// produced it fails and its transaction rolls back: no business row is committed without its
 	// event.
-	ErrEncodePayload = errors.New("cannot encode event payload as JSON")
+	ErrEncodePayload = capture.ErrEncodePayload
 
 	// ErrNotInTransaction is returned by Emit when tx is not inside a transaction: an event written
 	// outside the business transaction could outlive a rollback or be lost by a crash.
@@ -37,12 +37,12 @@ var (
 	// disagrees with the rows the plugin locked and read around it. With REPEATABLE READ (the default)
 	// the locks rule it out; under READ COMMITTED another transaction can insert a key a multi-row upsert
 	// then conflicts with. The GORM call fails; roll the transaction back and retry it.
-	ErrConcurrentChange = errors.New("rows changed concurrently")
+	ErrConcurrentChange = capture.ErrConcurrentChange
 
 	// ErrUnsupportedWrite is returned when the plugin cannot tell exactly which rows a write changes on
 	// the database it runs on (docs/capture.md lists the forms): the GORM call fails rather than commit
 	// a change with a guessed event. Where the form is known in advance, nothing is written.
-	ErrUnsupportedWrite = errors.New("write cannot be captured exactly")
+	ErrUnsupportedWrite = capture.ErrUnsupportedWrite
 
 	// ErrBrokerUnavailable is for publishers: a Publish error that wraps it — returned for the whole
 	// batch, or as the error of a message in a *PublishError — says the broker did not get the
@@ -68,7 +68,7 @@ var (
 	// ErrUnknownTable is returned, under WithStrictTables, for a write through db.Table(name) without a
 	// model to a table no model the application uses maps to: a write that would otherwise commit
 	// without events.
-	ErrUnknownTable = errors.New("no model maps to the table")
+	ErrUnknownTable = capture.ErrUnknownTable
 
 	// ErrTransactionRolledBack is returned when the database rolled a whole transaction back in the
 	// middle of it — a deadlock on MySQL and MariaDB, or a lock wait timeout with

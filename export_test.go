@@ -15,7 +15,7 @@ import (
 func UseInsertStrategy(p *Plugin, name string) {
 	for _, s := range []capture.Strategy{capture.InsertValues, capture.InsertUnnest} {
 		if s.String() == name {
-			p.ins.Strategy = s
+			p.c.Strategy = s
 			return
 		}
 	}
@@ -25,7 +25,7 @@ func UseInsertStrategy(p *Plugin, name string) {
 // UseLockedWrites makes p run updates and deletes by condition as a locked read and a write by key,
 // the way it does where the database has no RETURNING (MySQL, SQLite before 3.35), so that tests run
 // that path on every database.
-func UseLockedWrites(p *Plugin) { p.lockedWrites = true }
+func UseLockedWrites(p *Plugin) { p.c.LockedWrites = true }
 
 // HoldCleanupLock takes the table's cleanup lock as w's periodic cleanup does, on a connection of its
 // own, and returns the function that lets go of it; got is false when another holds it.
@@ -74,7 +74,7 @@ func UseNotifyInTransaction(p *Plugin) { p.notifyInTx = true }
 // UsePerStatementInserts makes p, before it is registered, write the events of each statement right
 // after it instead of holding a transaction's events until commit, so that benchmarks can compare the
 // two.
-func UsePerStatementInserts(p *Plugin) { p.ins.PerStatement = true }
+func UsePerStatementInserts(p *Plugin) { p.c.PerStatement = true }
 
 // RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
 // writes into the text as literals.

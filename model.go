@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
 
+	"github.com/gorm-outbox/outboxplugin/internal/jsontext"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
@@ -124,14 +125,14 @@ func (e *OutboxEvent) BeforeCreate(*gorm.DB) error {
 	}
 	if e.Payload == nil {
 		e.Payload = JSON("null")
-	} else if !isJSON(e.Payload) {
+	} else if !jsontext.Valid(e.Payload) {
 		return fmt.Errorf("outboxplugin: OutboxEvent %q: payload: %w", e.EventType, ErrInvalidJSON)
 	}
 	if e.Headers != nil {
 		// The relay reads headers into Message.Headers, a map of strings: a document of another
 		// shape would fail every claim that reaches the row.
 		var h map[string]string
-		if !isJSON(e.Headers) || json.Unmarshal(e.Headers, &h) != nil {
+		if !jsontext.Valid(e.Headers) || json.Unmarshal(e.Headers, &h) != nil {
 			return fmt.Errorf("outboxplugin: OutboxEvent %q: headers must be a JSON object of strings: %w", e.EventType, ErrInvalidJSON)
 		}
 	}

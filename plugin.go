@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"sync"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
@@ -22,14 +21,8 @@ type Plugin struct {
 	cfg config
 	err error // the first invalid option, returned by Initialize
 
-	customizers sync.Map // reflect.Type of a model -> bool: whether it implements EventCustomizer
-
-	tables     modelTables // the models of tables written through db.Table(...) without one
-	tableInfos tableInfos  // unique keys, rowid and later triggers of tables (lookup.go)
-
-	ins          *capture.Inserter // writes the events: held by the transaction until commit (internal/capture)
-	lockedWrites bool              // updates and deletes by condition as locked writes, as without RETURNING; set by tests
-	notifyInTx   bool              // no NOTIFY after commit: pg_notify inside every transaction, as before; set by benchmarks
+	c          *capture.Capturer // the capture: statements to events, held until commit (internal/capture)
+	notifyInTx bool              // no NOTIFY after commit: pg_notify inside every transaction, as before; set by benchmarks
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of
@@ -44,7 +37,7 @@ func New(opts ...Option) *Plugin {
 			p.err = fmt.Errorf("outboxplugin: %w", err)
 		}
 	}
-	p.ins = &capture.Inserter{Table: p.cfg.table, Notify: p.cfg.notify}
+	p.c = capture.New(p.cfg.capture())
 	return p
 }
 
@@ -256,19 +249,29 @@ func (c *config) captures(s *schema.Schema) bool {
 
 var outboxEventType = reflect.TypeFor[OutboxEvent]()
 
-type suppressKey struct{}
+// capture is the configuration the capture runs with: the options, and the hooks through which it
+// calls user code with this package's types.
+func (c *config) capture() capture.Config {
+	cc := capture.Config{
+		Table:        c.table,
+		Payload:      capture.PayloadMode(c.payload),
+		Notify:       c.notify,
+		Headers:      c.headers,
+		Captures:     c.captures,
+		Only:         c.only,
+		StrictTables: c.strictTables,
+		Customizer:   reflect.TypeFor[EventCustomizer](),
+		Customize:    customize,
+	}
+	if fn := c.eventType; fn != nil {
+		cc.EventType = func(cs *capture.Changeset) string { return fn(publicChangeset(cs)) }
+	}
+	return cc
+}
 
 // WithoutCapture returns a context under which the plugin captures nothing: use it for one call
 // with db.WithContext(outboxplugin.WithoutCapture(ctx)).Create(&row). Writes made that way commit
 // without events, by the caller's choice.
 func WithoutCapture(ctx context.Context) context.Context {
-	return context.WithValue(ctx, suppressKey{}, true)
-}
-
-func captureSuppressed(ctx context.Context) bool {
-	if ctx == nil {
-		return false
-	}
-	v, _ := ctx.Value(suppressKey{}).(bool)
-	return v
+	return capture.Suppress(ctx)
 }

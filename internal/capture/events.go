@@ -1,4 +1,4 @@
-package outboxplugin
+package capture
 
 import (
 	"context"
@@ -11,25 +11,48 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
 
-	"github.com/gorm-outbox/outboxplugin/internal/capture"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
 )
 
-var customizerType = reflect.TypeFor[EventCustomizer]()
+// Changeset is what user code sees of one captured row (outboxplugin.Changeset documents each field;
+// the root makes its public Changeset of it, field by field).
+type Changeset struct {
+	Type    Op
+	Model   string
+	Table   string
+	Schema  *schema.Schema
+	Keys    map[string]any
+	Row     any
+	Changes map[string]any
+	Context context.Context
+}
+
+// Shape is the event of a captured row as a customizer sees and may change it. Its fields are those of
+// outboxplugin.Event, in the same order and of the same types, so that the root converts a *Shape to
+// an *Event as it is.
+type Shape struct {
+	Type          string
+	AggregateType string
+	AggregateID   string
+	Payload       any
+	Headers       map[string]string
+	Skip          bool
+	DeliverAt     time.Time
+}
 
 // customizes reports whether the model implements EventCustomizer (on its value or its pointer).
-func (p *Plugin) customizes(t reflect.Type) bool {
+func (p *Capturer) customizes(t reflect.Type) bool {
 	if v, ok := p.customizers.Load(t); ok {
 		return v.(bool)
 	}
-	ok := reflect.PointerTo(t).Implements(customizerType)
+	ok := p.cfg.Customizer != nil && reflect.PointerTo(t).Implements(p.cfg.Customizer)
 	p.customizers.Store(t, ok)
 	return ok
 }
 
 // wantsChangeset reports whether events of the model are shaped by user code, which sees Changesets.
-func (p *Plugin) wantsChangeset(s *schema.Schema) bool {
-	return p.cfg.eventType != nil || p.customizes(s.ModelType)
+func (p *Capturer) wantsChangeset(s *schema.Schema) bool {
+	return p.cfg.EventType != nil || p.customizes(s.ModelType)
 }
 
 // capturedRows are the rows a statement wrote: listed, or — for an update or delete by condition,
@@ -45,13 +68,13 @@ func listedRows(rows []capturedRow) capturedRows { return capturedRows{n: len(ro
 
 // eventChunk is how many rows' events are built at a time: one INSERT's worth, which the transaction
 // writes as soon as it holds it (txwatch.go).
-const eventChunk = capture.MaxRowsPerInsert
+const eventChunk = MaxRowsPerInsert
 
 // writeEvents turns the captured rows of one statement into events and hands them to the statement's
 // transaction, which writes them with the rest of its events (insertEvents), a chunk at a time: the
 // events of a large statement are written as they are built, not held all at once. Any failure is
 // added to db, which fails the GORM call and rolls its transaction back.
-func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows capturedRows) error {
+func (p *Capturer) writeEvents(db *gorm.DB, st *statementState, rows capturedRows) error {
 	if rows.n == 0 {
 		return nil
 	}
@@ -70,9 +93,9 @@ func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows capturedRows)
 			}
 			chunk = buf
 		}
-		var events []capture.Event
+		var events []Event
 		if events, err = b.build(chunk); err == nil && len(events) > 0 {
-			err = p.ins.Insert(db, db.Statement.ConnPool, events, origin)
+			err = p.Insert(db, db.Statement.ConnPool, events, origin)
 		}
 	}
 	if err != nil {
@@ -84,7 +107,7 @@ func (p *Plugin) writeEvents(db *gorm.DB, st *statementState, rows capturedRows)
 // eventBuilder makes the events of one statement's rows: what they share (creation time, headers)
 // is worked out once.
 type eventBuilder struct {
-	p         *Plugin
+	p         *Capturer
 	db        *gorm.DB
 	st        *statementState
 	headerMap map[string]string
@@ -94,21 +117,21 @@ type eventBuilder struct {
 	keyNames  []string
 }
 
-func (p *Plugin) newEventBuilder(db *gorm.DB, st *statementState) (*eventBuilder, error) {
+func (p *Capturer) newEventBuilder(db *gorm.DB, st *statementState) (*eventBuilder, error) {
 	b := &eventBuilder{p: p, db: db, st: st, customize: p.customizes(st.schema.ModelType), createdAt: now(),
 		keyNames: fieldNames(st.fields)}
-	if p.cfg.headers != nil {
-		b.headerMap = p.cfg.headers(db.Statement.Context)
+	if p.cfg.Headers != nil {
+		b.headerMap = p.cfg.Headers(db.Statement.Context)
 	}
 	var err error
-	b.headers, err = encodeHeaders(b.headerMap)
+	b.headers, err = EncodeHeaders(b.headerMap)
 	return b, err
 }
 
-func (b *eventBuilder) build(rows []capturedRow) ([]capture.Event, error) {
+func (b *eventBuilder) build(rows []capturedRow) ([]Event, error) {
 	p, db, st, s := b.p, b.db, b.st, b.st.schema
 	ctx := db.Statement.Context
-	events := make([]capture.Event, 0, len(rows))
+	events := make([]Event, 0, len(rows))
 	for i := range rows {
 		row := &rows[i]
 		payload, err := p.defaultPayload(ctx, st, b.keyNames, row)
@@ -119,7 +142,7 @@ func (b *eventBuilder) build(rows []capturedRow) ([]capture.Event, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: key: %w", ErrEncodePayload, err)
 		}
-		ev := capture.Event{
+		ev := Event{
 			Type:          s.Name + "_" + string(row.op),
 			AggregateType: s.Name,
 			AggregateID:   aggID,
@@ -127,10 +150,10 @@ func (b *eventBuilder) build(rows []capturedRow) ([]capture.Event, error) {
 			Headers:       b.headers,
 			CreatedAt:     b.createdAt,
 		}
-		if p.cfg.eventType != nil || b.customize {
+		if p.cfg.EventType != nil || b.customize {
 			cs := p.changeset(db, st, b.keyNames, row)
-			if p.cfg.eventType != nil {
-				ev.Type = p.cfg.eventType(cs)
+			if p.cfg.EventType != nil {
+				ev.Type = p.cfg.EventType(&cs)
 			}
 			if b.customize {
 				skip, err := p.customize(s, row, &cs, &ev, b.headerMap)
@@ -161,7 +184,7 @@ func (r *capturedRow) modelValue() reflect.Value {
 }
 
 // customize hands the event to the model's CustomizeOutboxEvent and applies what it changed.
-func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev *capture.Event, headers map[string]string) (skip bool, err error) {
+func (p *Capturer) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev *Event, headers map[string]string) (skip bool, err error) {
 	var target reflect.Value
 	if v := row.modelValue(); v.IsValid() && v.CanAddr() {
 		target = v.Addr()
@@ -171,7 +194,7 @@ func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev
 			target.Elem().Set(v)
 		}
 	}
-	e := Event{
+	e := Shape{
 		Type:          ev.Type,
 		AggregateType: ev.AggregateType,
 		AggregateID:   ev.AggregateID,
@@ -179,28 +202,28 @@ func (p *Plugin) customize(s *schema.Schema, row *capturedRow, cs *Changeset, ev
 		Headers:       make(map[string]string, len(headers)),
 	}
 	maps.Copy(e.Headers, headers)
-	if err := target.Interface().(EventCustomizer).CustomizeOutboxEvent(cs, &e); err != nil {
+	if err := p.cfg.Customize(target.Interface(), cs, &e); err != nil {
 		return false, fmt.Errorf("CustomizeOutboxEvent: %w", err)
 	}
 	if e.Skip {
 		return true, nil
 	}
-	payload, err := encodePayload(e.Payload)
+	payload, err := EncodePayload(e.Payload)
 	if err != nil {
 		return false, err
 	}
-	hdr, err := encodeHeaders(e.Headers)
+	hdr, err := EncodeHeaders(e.Headers)
 	if err != nil {
 		return false, err
 	}
 	ev.Type, ev.AggregateType, ev.AggregateID = e.Type, e.AggregateType, e.AggregateID
 	ev.Payload, ev.Headers = payload, hdr
-	ev.DeliverAt = capture.Due(e.DeliverAt, ev.CreatedAt)
+	ev.DeliverAt = Due(e.DeliverAt, ev.CreatedAt)
 	return false, nil
 }
 
 // changeset builds the public view of a captured row.
-func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, row *capturedRow) Changeset {
+func (p *Capturer) changeset(db *gorm.DB, st *statementState, keyNames []string, row *capturedRow) Changeset {
 	stmt := db.Statement
 	cs := Changeset{
 		Type:    row.op,
@@ -223,7 +246,7 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 		}
 	}
 	switch {
-	case row.op == ChangesetDelete && row.assigned == nil:
+	case row.op == OpDelete && row.assigned == nil:
 	case row.stored.elem.IsValid():
 		names, values := assignedValues(stmt.Context, st.schema, row.stored, row.assigned)
 		names, values = known(names, values, row.unknown)
@@ -233,7 +256,7 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 		}
 	case row.values != nil:
 		cs.Changes = row.values
-	case row.held.IsValid() && row.op == ChangesetCreate:
+	case row.held.IsValid() && row.op == OpCreate:
 		// The values sent: the model value's, for the columns the INSERT wrote.
 		names, values := assignedValues(stmt.Context, st.schema, readRow{elem: row.held}, row.assigned)
 		cs.Changes = make(map[string]any, len(names))
@@ -247,9 +270,9 @@ func (p *Plugin) changeset(db *gorm.DB, st *statementState, keyNames []string, r
 // defaultPayload encodes the payload of the configured mode. PayloadRow and PayloadChanges take the
 // values from the row as stored, which the write read back; a row without one (possible only for a
 // model GORM cannot read) falls back to its key.
-func (p *Plugin) defaultPayload(ctx context.Context, st *statementState, keyNames []string, row *capturedRow) (string, error) {
-	mode := p.cfg.payload
-	if mode == PayloadKey || !row.stored.elem.IsValid() || (mode == PayloadChanges && row.op == ChangesetDelete && row.assigned == nil) {
+func (p *Capturer) defaultPayload(ctx context.Context, st *statementState, keyNames []string, row *capturedRow) (string, error) {
+	mode := p.cfg.Payload
+	if mode == PayloadKey || !row.stored.elem.IsValid() || (mode == PayloadChanges && row.op == OpDelete && row.assigned == nil) {
 		names, values := known(keyNames, row.keys, row.unknown)
 		b, err := appendJSONObject(make([]byte, 0, 32), names, values)
 		return string(b), err

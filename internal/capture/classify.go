@@ -1,4 +1,4 @@
-package outboxplugin
+package capture
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 // capturedRow is one row the statement wrote. The public Changeset is built from it only when an
 // option or a customizer needs one, so the default path allocates little per row.
 type capturedRow struct {
-	op   ChangesetType
+	op   Op
 	keys []any // values of the identity fields, in order
 	// held is the model value GORM holds for the row (an element of the statement's value); invalid
 	// when there is none.
@@ -44,17 +44,17 @@ type capturedRow struct {
 var errBypassed = errors.New("the write did not go through the plugin's connection (another callback replaced db.Statement.ConnPool after outbox:before_create/update/delete)")
 
 // createdRows lists the rows a create wrote.
-func (p *Plugin) createdRows(db *gorm.DB, st *statementState, w *write) ([]capturedRow, error) {
+func (p *Capturer) createdRows(db *gorm.DB, st *statementState, w *write) ([]capturedRow, error) {
 	if w == nil {
 		rows := p.plainCreated(db, st)
-		if p.cfg.payload == PayloadKey && !p.wantsChangeset(st.schema) {
+		if p.cfg.Payload == PayloadKey && !p.wantsChangeset(st.schema) {
 			return rows, nil
 		}
 		cols := readInsertClauses(db.Statement).columns
 		for i := range rows {
 			rows[i].assigned = cols
 		}
-		if p.cfg.payload == PayloadKey {
+		if p.cfg.Payload == PayloadKey {
 			return rows, nil
 		}
 		return rows, p.readBack(db, st, db.Statement.ConnPool, rows)
@@ -76,7 +76,7 @@ func (p *Plugin) createdRows(db *gorm.DB, st *statementState, w *write) ([]captu
 
 // plainCreated lists the rows of a plain INSERT: every row of the statement was inserted, and GORM
 // has read generated keys back into the values (with RETURNING or LAST_INSERT_ID()).
-func (p *Plugin) plainCreated(db *gorm.DB, st *statementState) []capturedRow {
+func (p *Capturer) plainCreated(db *gorm.DB, st *statementState) []capturedRow {
 	stmt := db.Statement
 	switch dest := stmt.Dest.(type) {
 	case map[string]any:
@@ -104,7 +104,7 @@ func (p *Plugin) plainCreated(db *gorm.DB, st *statementState) []capturedRow {
 			continue
 		}
 		keys, _ := keysOf(stmt.Context, st.fields, e, st.hasPK)
-		rows = append(rows, capturedRow{op: ChangesetCreate, held: e, keys: keys, unknown: unknown})
+		rows = append(rows, capturedRow{op: OpCreate, held: e, keys: keys, unknown: unknown})
 	}
 	return rows
 }
@@ -141,7 +141,7 @@ func mapRow(st *statementState, m, returned map[string]any) capturedRow {
 	if !complete && returned != nil {
 		keys, _ = keysFromMap(st.fields, returned, st.hasPK)
 	}
-	row := capturedRow{op: ChangesetCreate, keys: keys, values: m}
+	row := capturedRow{op: OpCreate, keys: keys, values: m}
 	if !st.hasPK {
 		// A column the map does not name holds its default, not the nil keysFromMap gives it.
 		for _, f := range st.fields {
@@ -160,7 +160,7 @@ func mapRow(st *statementState, m, returned map[string]any) capturedRow {
 // snapshot); on PostgreSQL the rows were written by this transaction, which holds their locks, and a
 // FOR UPDATE would only write a lock into each row again; SQLite has no row locks, and the
 // transaction's write lock is held.
-func (p *Plugin) readBack(db *gorm.DB, st *statementState, pool gorm.ConnPool, rows []capturedRow) error {
+func (p *Capturer) readBack(db *gorm.DB, st *statementState, pool gorm.ConnPool, rows []capturedRow) error {
 	keys := make([][]any, 0, len(rows))
 	for _, r := range rows {
 		if r.unknown == nil {
@@ -246,19 +246,19 @@ func (w *write) classifyReturned(ctx context.Context) error {
 		_, ks := w.key(r.readRow)
 		switch {
 		case seen[ks]:
-			r.op = ChangesetUpdate
+			r.op = OpUpdate
 		case replaced != nil:
 			if replaced[ks] {
-				r.op = ChangesetUpdate // REPLACE deleted the row with this key and inserted it anew
+				r.op = OpUpdate // REPLACE deleted the row with this key and inserted it anew
 			} else {
-				r.op = ChangesetCreate
+				r.op = OpCreate
 			}
 		case !w.ins.upserts():
-			r.op = ChangesetCreate
+			r.op = OpCreate
 		case w.db.Dialector.Name() == "postgres":
-			r.op = ChangesetUpdate
+			r.op = OpUpdate
 			if r.inserted {
-				r.op = ChangesetCreate
+				r.op = OpCreate
 			}
 		case sqliteUpsert:
 			inserted := false
@@ -273,9 +273,9 @@ func (w *write) classifyReturned(ctx context.Context) error {
 			case w.info.rowidKey && supplied[ks] && !w.existing[ks]:
 				inserted = true
 			}
-			r.op = ChangesetUpdate
+			r.op = OpUpdate
 			if inserted {
-				r.op = ChangesetCreate
+				r.op = OpCreate
 			}
 		}
 		seen[ks] = true
@@ -304,7 +304,7 @@ func (w *write) classifyReturned(ctx context.Context) error {
 	exists := w.byKey(still)
 	for _, r := range goneRows {
 		if _, ks := w.key(r); !exists[ks].elem.IsValid() {
-			w.returned = append(w.returned, returnedRow{readRow: r, op: ChangesetDelete})
+			w.returned = append(w.returned, returnedRow{readRow: r, op: OpDelete})
 		}
 	}
 	return nil
@@ -313,7 +313,7 @@ func (w *write) classifyReturned(ctx context.Context) error {
 // lastInserted returns the index of the last returned row that was inserted, or -1.
 func (w *write) lastInserted() int {
 	for i := len(w.returned) - 1; i >= 0; i-- {
-		if w.returned[i].op == ChangesetCreate {
+		if w.returned[i].op == OpCreate {
 			return i
 		}
 	}
@@ -349,7 +349,7 @@ func (w *write) returnedRows() ([]capturedRow, error) {
 		switch {
 		case i < len(maps):
 			row.values = maps[i]
-		case w.st.op == ChangesetUpdate:
+		case w.st.op == OpUpdate:
 			row.values = values
 		}
 		if w.st.single && !row.held.IsValid() {
@@ -372,7 +372,7 @@ func (w *write) rereadAfterTriggers(rows []capturedRow) error {
 	if dialect := db.Dialector.Name(); dialect != "postgres" && dialect != "sqlite" {
 		return nil // MySQL's triggers cannot write the table they fire on
 	}
-	if w.st.op == ChangesetDelete && !w.soft {
+	if w.st.op == OpDelete && !w.soft {
 		return nil // the rows are gone; RETURNING had them as they were deleted
 	}
 	info := w.info
@@ -388,7 +388,7 @@ func (w *write) rereadAfterTriggers(rows []capturedRow) error {
 	written := make([]capturedRow, 0, len(rows))
 	at := make([]int, 0, len(rows))
 	for i, r := range rows {
-		if r.op != ChangesetDelete || w.soft {
+		if r.op != OpDelete || w.soft {
 			written = append(written, r)
 			at = append(at, i)
 		}
@@ -403,13 +403,13 @@ func (w *write) rereadAfterTriggers(rows []capturedRow) error {
 }
 
 // assigned returns the columns the statement assigned to a row that went through op.
-func (w *write) assigned(op ChangesetType) []string {
+func (w *write) assigned(op Op) []string {
 	switch {
-	case w.ins != nil && op == ChangesetCreate:
+	case w.ins != nil && op == OpCreate:
 		return w.ins.columns
-	case w.ins != nil && op == ChangesetUpdate:
+	case w.ins != nil && op == OpUpdate:
 		return w.ins.doUpdates
-	case w.set != nil && (w.st.op == ChangesetUpdate || w.soft):
+	case w.set != nil && (w.st.op == OpUpdate || w.soft):
 		return assignedColumns(w.set)
 	}
 	return nil
@@ -478,7 +478,7 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 	}
 	var rows []capturedRow
 	seen := map[string]bool{}
-	add := func(op ChangesetType, keys []any, r readRow) {
+	add := func(op Op, keys []any, r readRow) {
 		ks := keyString(keys)
 		seen[ks] = true
 		row := capturedRow{op: op, keys: keys, held: held[ks], assigned: w.assigned(op)}
@@ -500,10 +500,10 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 			if !supplied[ks] {
 				autoCreated++
 			}
-			add(ChangesetCreate, keys, r)
+			add(OpCreate, keys, r)
 		case len(w.ins.doUpdates) > 0 && !sameValues(before.extra, r.extra):
 			updated++
-			add(ChangesetUpdate, keys, r)
+			add(OpUpdate, keys, r)
 		default:
 			unchanged++
 			seen[ks] = true
@@ -513,7 +513,7 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 		keys, ks := w.key(r)
 		if _, ok := postBy[ks]; !ok {
 			deleted++
-			add(ChangesetDelete, keys, r)
+			add(OpDelete, keys, r)
 		}
 	}
 
@@ -562,7 +562,7 @@ func (w *write) classifyMany() ([]capturedRow, error) {
 				r = mapRow(w.st, maps[i], nil)
 			case i < len(elems) && elems[i].IsValid():
 				keys, _ := keysOf(ctx, w.st.fields, elems[i], w.st.hasPK)
-				r = capturedRow{op: ChangesetCreate, keys: keys, held: elems[i]}
+				r = capturedRow{op: OpCreate, keys: keys, held: elems[i]}
 				if !w.st.hasPK {
 					r.unknown = unwritten(w.st, w.ins.columns)
 				}
@@ -644,7 +644,7 @@ func sameValues(a, b []any) bool {
 }
 
 // writtenRows lists the rows an update or delete wrote.
-func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) (capturedRows, error) {
+func (p *Capturer) writtenRows(db *gorm.DB, st *statementState, w *write) (capturedRows, error) {
 	if w != nil && !w.fired {
 		return capturedRows{}, errBypassed
 	}
@@ -662,7 +662,7 @@ func (p *Plugin) writtenRows(db *gorm.DB, st *statementState, w *write) (capture
 	switch w.strategy {
 	case returningWrite:
 		if w.compact {
-			return w.keyedRows(nil, w.st.op == ChangesetUpdate), nil
+			return w.keyedRows(nil, w.st.op == OpUpdate), nil
 		}
 		rows, err = w.returnedRows()
 	case lockedWrite:
@@ -714,7 +714,7 @@ func (w *write) lockedKeyedRows() (capturedRows, error) {
 	if locked == 0 {
 		return capturedRows{}, nil
 	}
-	isUpdate := w.st.op == ChangesetUpdate || w.soft
+	isUpdate := w.st.op == OpUpdate || w.soft
 	var only []int32
 	switch {
 	case w.affected == int64(locked):
@@ -759,7 +759,7 @@ func (w *write) lockedRows() ([]capturedRow, error) {
 	for i, r := range w.pre {
 		keys[i], _ = w.key(r)
 	}
-	isUpdate := w.st.op == ChangesetUpdate || w.soft
+	isUpdate := w.st.op == OpUpdate || w.soft
 	written := w.pre
 	switch {
 	case w.affected == int64(len(w.pre)):

@@ -1,10 +1,11 @@
-package outboxplugin
+package capture
 
 import (
 	"database/sql/driver"
 	"encoding"
 	"encoding/json"
 	"fmt"
+	"github.com/gorm-outbox/outboxplugin/internal/jsontext"
 	"math"
 	"reflect"
 	"strconv"
@@ -126,12 +127,11 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// encodePayload turns a customizer's payload into JSON text.
-func encodePayload(p any) (string, error) {
+// EncodePayload turns a payload (Emit's, or a customizer's) into JSON text: json.RawMessage and
+// []byte are taken as JSON text already, and must be valid; anything else is marshalled.
+func EncodePayload(p any) (string, error) {
 	switch x := p.(type) {
 	case json.RawMessage:
-		return validJSON(x)
-	case JSON:
 		return validJSON(x)
 	case []byte:
 		return validJSON(x)
@@ -147,14 +147,14 @@ func validJSON(b []byte) (string, error) {
 	if b == nil {
 		return "null", nil
 	}
-	if !isJSON(b) {
+	if !jsontext.Valid(b) {
 		return "", fmt.Errorf("%w: %w", ErrEncodePayload, ErrInvalidJSON)
 	}
 	return string(b), nil
 }
 
-// encodeHeaders encodes headers as a JSON object; no headers is SQL NULL (nil).
-func encodeHeaders(h map[string]string) (*string, error) {
+// EncodeHeaders encodes headers as a JSON object; no headers is SQL NULL (nil).
+func EncodeHeaders(h map[string]string) (*string, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}

@@ -1,4 +1,4 @@
-package outboxplugin
+package capture
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package outboxplugin
+package capture
 
 import (
 	"context"
@@ -48,7 +48,7 @@ const (
 // GORM sends through it is the write; anything after goes straight to the connection.
 type write struct {
 	gorm.ConnPool
-	p        *Plugin
+	p        *Capturer
 	db       *gorm.DB
 	st       *statementState
 	strategy writeStrategy
@@ -90,7 +90,7 @@ type returnedRow struct {
 	readRow
 	inserted bool  // PostgreSQL upsert: xmax = 0
 	rowid    int64 // SQLite: the rowid
-	op       ChangesetType
+	op       Op
 }
 
 // insertClauses are the clauses of an INSERT as GORM built it.
@@ -205,12 +205,12 @@ func fieldNames(fields []*schema.Field) []string {
 // returns reports whether the statement's dialect takes RETURNING on the statement being built.
 func returns(stmt *gorm.Statement) bool { return contains(stmt.BuildClauses, "RETURNING") }
 
-func (p *Plugin) newWrite(db *gorm.DB, st *statementState, strategy writeStrategy) *write {
-	return &write{p: p, db: db, st: st, strategy: strategy, stored: p.cfg.payload != PayloadKey}
+func (p *Capturer) newWrite(db *gorm.DB, st *statementState, strategy writeStrategy) *write {
+	return &write{p: p, db: db, st: st, strategy: strategy, stored: p.cfg.Payload != PayloadKey}
 }
 
 // planCreate picks how the rows of a create will be known; nil: from the model values GORM fills in.
-func (p *Plugin) planCreate(db *gorm.DB, st *statementState) *write {
+func (p *Capturer) planCreate(db *gorm.DB, st *statementState) *write {
 	stmt := db.Statement
 	_, conflict := stmt.Clauses["ON CONFLICT"]
 	modifier := modifierNone
@@ -224,7 +224,7 @@ func (p *Plugin) planCreate(db *gorm.DB, st *statementState) *write {
 			modifier = kind
 		}
 	}
-	stored := p.cfg.payload != PayloadKey
+	stored := p.cfg.Payload != PayloadKey
 	switch db.Dialector.Name() {
 	case "postgres":
 		// A Table(...) create of a map has no model for GORM to read the generated key into.
@@ -255,16 +255,16 @@ func (p *Plugin) planCreate(db *gorm.DB, st *statementState) *write {
 
 // planWrite picks how the rows of an update or delete will be known; nil: the statement targets one
 // model value (st.single) and GORM's count of affected rows says whether it was written.
-func (p *Plugin) planWrite(db *gorm.DB, st *statementState) *write {
-	stored := p.cfg.payload != PayloadKey
+func (p *Capturer) planWrite(db *gorm.DB, st *statementState) *write {
+	stored := p.cfg.Payload != PayloadKey
 	if st.single && !stored {
-		if st.op == ChangesetUpdate && p.wantsChangeset(st.schema) {
+		if st.op == OpUpdate && p.wantsChangeset(st.schema) {
 			return p.newWrite(db, st, plainWrite) // to keep the SET clause for the Changeset
 		}
 		return nil
 	}
 	stmt := db.Statement
-	if p.lockedWrites {
+	if p.LockedWrites {
 		return p.newWrite(db, st, lockedWrite)
 	}
 	switch db.Dialector.Name() {
@@ -277,7 +277,7 @@ func (p *Plugin) planWrite(db *gorm.DB, st *statementState) *write {
 	case "mysql":
 		// MariaDB (10.5+, unless the dialector was told DisableWithReturning) has DELETE … RETURNING;
 		// a soft delete is an UPDATE, which it has not: the write switches when it sees one.
-		if st.op == ChangesetDelete && returns(stmt) {
+		if st.op == OpDelete && returns(stmt) {
 			return p.newWrite(db, st, returningWrite)
 		}
 	}
@@ -328,9 +328,9 @@ func (w *write) run(ctx context.Context, query string, args []any, isQuery bool)
 	if c, ok := stmt.Clauses["SET"]; ok {
 		w.set, _ = c.Expression.(clause.Set)
 	}
-	if w.st.op == ChangesetCreate {
+	if w.st.op == OpCreate {
 		w.ins = readInsertClauses(stmt)
-	} else if w.st.op == ChangesetDelete {
+	} else if w.st.op == OpDelete {
 		w.soft = strings.HasPrefix(strings.TrimSpace(query), "UPDATE")
 		if w.soft && w.strategy == returningWrite && w.db.Dialector.Name() == "mysql" {
 			w.strategy = lockedWrite
@@ -634,7 +634,7 @@ func (w *write) compareColumns() []string {
 // upsertOne is what a one-row upsert on MySQL did.
 type upsertOne struct {
 	written bool
-	op      ChangesetType
+	op      Op
 	keys    []any
 }
 
@@ -741,7 +741,7 @@ func (w *write) classifyOne(ctx context.Context) error {
 	auto := w.autoKey(0)
 	switch {
 	case w.affected == 1 && (!auto || w.lastID > 0):
-		out.written, out.op = true, ChangesetCreate
+		out.written, out.op = true, OpCreate
 		if auto {
 			out.keys = []any{w.lastID}
 		} else {
@@ -753,7 +753,7 @@ func (w *write) classifyOne(ctx context.Context) error {
 		}
 		return nil
 	case w.affected == 2:
-		out.written, out.op = true, ChangesetUpdate
+		out.written, out.op = true, OpUpdate
 	case w.affected == 0 || w.affected == 1:
 		if w.ins.modifier == modifierIgnore {
 			return nil // ignored
@@ -859,7 +859,7 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 		built = db.Callback().Update().Clauses // GORM's soft delete builds an UPDATE as the update chain does
 	}
 	fields := w.st.fields
-	if w.stored && w.st.op == ChangesetDelete && !w.soft {
+	if w.stored && w.st.op == OpDelete && !w.soft {
 		fields = modelColumns(w.st.schema) // the row as it was, before it is gone
 	}
 	err := readLocked(db, w.ConnPool, stmt, w.st.schema, fields, w.compareColumns(), built, func(r readRow) error {
@@ -906,7 +906,7 @@ func (w *write) runLocked(ctx context.Context, query string, args []any, isQuery
 		part := w.lockedKeys(start, min(start+maxKeysPerRead, locked))
 		wr := readStmt(db, stmt, stmt.Schema)
 		wr.Clauses["WHERE"] = clause.Clause{Name: "WHERE", Expression: clause.Where{Exprs: append([]clause.Expression{keyInLiteral(w.st.fields, part)}, where...)}}
-		if w.st.op == ChangesetUpdate || w.soft {
+		if w.st.op == OpUpdate || w.soft {
 			wr.Clauses["UPDATE"] = clauseOr(stmt, "UPDATE", clause.Update{})
 			wr.Clauses["SET"] = stmt.Clauses["SET"]
 			if c, ok := stmt.Clauses["FROM"]; ok && joined && contains(built, "FROM") {
@@ -970,7 +970,7 @@ func clauseOr(stmt *gorm.Statement, name string, def clause.Expression) clause.C
 }
 
 func stmtVerb(w *write) string {
-	if w.st.op == ChangesetDelete && !w.soft {
+	if w.st.op == OpDelete && !w.soft {
 		return "delete"
 	}
 	return "update"
