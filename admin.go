@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 	"github.com/gorm-outbox/outboxplugin/internal/msgid"
+	"github.com/gorm-outbox/outboxplugin/internal/relay"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
@@ -997,18 +998,11 @@ func (a *Admin) Cleanup(ctx context.Context, olderThan time.Duration) (int64, er
 	if olderThan < 0 {
 		return 0, fmt.Errorf("outboxplugin: Cleanup: %w: negative age %v", ErrInvalidFilter, olderThan)
 	}
-	cutoff := now().Add(-olderThan)
-	var total int64
-	for {
-		n, err := a.q.CleanupChunk(ctx, a.q.DB(), cutoff, cleanupChunk)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("outboxplugin: Cleanup of %s: %w", a.table, err)
-		}
-		if n < cleanupChunk {
-			return total, nil
-		}
+	n, _, err := relay.Cleanup(ctx, a.q, now().Add(-olderThan), false)
+	if err != nil {
+		return n, fmt.Errorf("outboxplugin: Cleanup of %s: %w", a.table, err)
 	}
+	return n, nil
 }
 
 // byMessageIDs finds the rows of the message ids, chunk by chunk, and hands their ids to act.

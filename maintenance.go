@@ -9,19 +9,12 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
+	"github.com/gorm-outbox/outboxplugin/internal/relay"
 )
 
-// Maintenance runs beside Run's publishing loop, on a goroutine of its own, so that it never delays a
-// claim: the periodic cleanup (WithCleanup), the backlog measurement for the Observer, the publisher's
-// start check (CheckingPublisher) and the progress line (WithProgressInterval).
-//
-// Cleanup deletes in chunks of cleanupChunk rows, one short statement each, pausing between chunks for
-// as long as the chunk took, so that a table with months of processed rows costs the database at most
-// half of one connection's time while the backlog of deletions lasts, and no statement locks much of
-// the table. With several relays on one table, only one cleans at a time: it holds a lock of the
-// database's own for the cleanup's duration — pg_try_advisory_lock on PostgreSQL, GET_LOCK on
-// MySQL/MariaDB, both tied to the connection, so a relay that dies mid-cleanup lets go of it — and the
-// others skip their turn. (SQLite serialises writers anyway: there it takes no lock.)
+// The worker's maintenance (internal/relay's Maintain runs it beside the publishing loop): the
+// periodic cleanup (WithCleanup, internal/relay's Cleanup), the backlog measurement for the Observer,
+// the publisher's start check (CheckingPublisher) and the progress line (WithProgressInterval).
 //
 // Retention counts from created_at, as in the reference design, for three reasons: it is what the
 // (processed, created_at) index serves, so a cleanup reads only the rows it deletes; it bounds how far
@@ -30,76 +23,52 @@ import (
 // was written (an outage of days, a requeue of an old dead event) is deleted by the next cleanup. Dead
 // events are never deleted, whatever their age.
 
-const cleanupChunk = 1000
-
-// maintain runs, until ctx ends, the periodic cleanup, the backlog measurement, the publisher's start
-// check (CheckingPublisher) and the progress line.
+// maintain runs, until ctx ends, the worker's maintenance tasks.
 func (w *Worker) maintain(ctx context.Context) {
-	_, nop := w.cfg.observer.(NopObserver)
-	backlog := !nop
-	cleanup := w.cfg.cleanupEvery > 0
-	checker, checking := w.pub.(CheckingPublisher)
-	now := time.Now()
-	nextBacklog := now
-	nextCleanup := now.Add(w.cfg.cleanupEvery)
-	nextCheck := now
-	nextProgress := now.Add(w.cfg.progressEvery)
-	var reported countsSnapshot
-	checkFailed := false
-	for {
-		now = time.Now()
-		if checking && !now.Before(nextCheck) {
-			checking = w.checkPublisher(ctx, checker, checkFailed)
-			checkFailed = checking
-			nextCheck = time.Now().Add(recheckInterval)
-		}
-		if backlog && !now.Before(nextBacklog) {
-			nextBacklog = now.Add(w.cfg.backlogEvery)
-			if c, err := w.backlog(ctx, now); err == nil {
-				w.cfg.observer.Backlog(ctx, c.pending)
-				if o, ok := w.cfg.observer.(BacklogAgeObserver); ok {
-					o.OldestPending(ctx, c.oldest)
-				}
-				if o, ok := w.cfg.observer.(ScheduledObserver); ok {
-					o.Scheduled(ctx, c.scheduled)
-				}
-			}
-		}
-		if cleanup && !now.Before(nextCleanup) {
+	var tasks []relay.Task
+	if checker, ok := w.pub.(CheckingPublisher); ok {
+		failed := false
+		tasks = append(tasks, relay.Task{Every: recheckInterval, Run: func(ctx context.Context) bool {
+			failed = w.checkPublisher(ctx, checker, failed)
+			return failed
+		}})
+	}
+	if _, nop := w.cfg.observer.(NopObserver); !nop {
+		tasks = append(tasks, relay.Task{Every: w.cfg.backlogEvery, Run: func(ctx context.Context) bool {
+			w.measureBacklog(ctx)
+			return true
+		}})
+	}
+	if w.cfg.cleanupEvery > 0 {
+		tasks = append(tasks, relay.Task{First: w.cfg.cleanupEvery, Every: w.cfg.cleanupEvery, Run: func(ctx context.Context) bool {
 			if _, _, err := w.cleanupOnce(ctx, w.cfg.retention, true); err != nil && ctx.Err() == nil {
 				w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: cleanup failed", slog.String("worker", w.owner), slog.Any("error", err))
 			}
-			nextCleanup = time.Now().Add(w.cfg.cleanupEvery)
-		}
-		if !now.Before(nextProgress) {
-			reported = w.logProgress(ctx, reported)
-			nextProgress = time.Now().Add(w.cfg.progressEvery)
-		}
-		next := nextProgress
-		if checking {
-			next = minTime(next, nextCheck)
-		}
-		if backlog {
-			next = minTime(next, nextBacklog)
-		}
-		if cleanup {
-			next = minTime(next, nextCleanup)
-		}
-		timer := time.NewTimer(max(time.Until(next), time.Millisecond))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.C:
-		}
+			return true
+		}})
 	}
+	var reported countsSnapshot
+	tasks = append(tasks, relay.Task{First: w.cfg.progressEvery, Every: w.cfg.progressEvery, Run: func(ctx context.Context) bool {
+		reported = w.logProgress(ctx, reported)
+		return true
+	}})
+	relay.Maintain(ctx, tasks...)
 }
 
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
+// measureBacklog gives the observer the backlog: the pending events, and, when it asks for them, the
+// age of the oldest and the scheduled events.
+func (w *Worker) measureBacklog(ctx context.Context) {
+	c, err := w.backlog(ctx, time.Now())
+	if err != nil {
+		return
 	}
-	return b
+	w.cfg.observer.Backlog(ctx, c.pending)
+	if o, ok := w.cfg.observer.(BacklogAgeObserver); ok {
+		o.OldestPending(ctx, c.oldest)
+	}
+	if o, ok := w.cfg.observer.(ScheduledObserver); ok {
+		o.Scheduled(ctx, c.scheduled)
+	}
 }
 
 // Cleanup deletes processed events created more than olderThan ago, in chunks of 1000 rows, so that no
@@ -114,49 +83,15 @@ func (w *Worker) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 	return n, err
 }
 
-// cleanupOnce deletes processed events older than olderThan, chunk by chunk. When exclusive, it first
-// takes the table's cleanup lock, and does nothing (ran = false) when another relay holds it; paced, it
-// pauses between chunks.
+// cleanupOnce deletes processed events older than olderThan (internal/relay's Cleanup). When
+// exclusive, it takes the table's cleanup lock and paces itself, and does nothing (ran = false) when
+// another relay holds the lock.
 func (w *Worker) cleanupOnce(ctx context.Context, olderThan time.Duration, exclusive bool) (deleted int64, ran bool, err error) {
-	conn, err := w.sql.DB().Conn(ctx)
+	deleted, ran, err = relay.Cleanup(ctx, w.sql, time.Now().UTC().Add(-olderThan), exclusive)
 	if err != nil {
-		return 0, false, fmt.Errorf("outboxplugin: cleanup: %w", err)
+		err = fmt.Errorf("outboxplugin: cleanup: %w", err)
 	}
-	defer conn.Close()
-	if exclusive {
-		release, got, err := w.sql.TryCleanupLock(ctx, conn)
-		if err != nil {
-			return 0, false, fmt.Errorf("outboxplugin: cleanup lock: %w", err)
-		}
-		if !got {
-			return 0, false, nil // another relay is cleaning the table
-		}
-		defer release()
-	}
-	cutoff := time.Now().UTC().Add(-olderThan)
-	for {
-		if err := ctx.Err(); err != nil {
-			return deleted, true, err
-		}
-		start := time.Now()
-		n, err := w.sql.CleanupChunk(ctx, conn, cutoff, cleanupChunk)
-		deleted += n
-		if err != nil {
-			return deleted, true, fmt.Errorf("outboxplugin: cleanup: %w", err)
-		}
-		if n < cleanupChunk {
-			return deleted, true, nil
-		}
-		if exclusive { // Run's cleanup: leave the database as much time as the chunk took
-			timer := time.NewTimer(time.Since(start))
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return deleted, true, ctx.Err()
-			case <-timer.C:
-			}
-		}
-	}
+	return deleted, ran, err
 }
 
 // backlogCounts is one backlog measurement: the pending events (due, leased, waiting for a retry),
