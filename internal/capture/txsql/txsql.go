@@ -1,6 +1,6 @@
 // Package txsql reads what a statement does to the transaction it is sent in: a savepoint set,
 // released or rolled back to, a rollback, a commit, or (MySQL, MariaDB) a statement the server commits
-// the transaction before. The capture's transaction watch (the root package's txwatch.go) acts on it,
+// the transaction before. The capture's transaction watch (internal/capture's txwatch.go) acts on it,
 // so that events held for a transaction follow its savepoints and end with it. It also remembers the
 // transaction statements prepared as *sql.Stmt (GORM's PrepareStmt), whose text is not seen again when
 // they run.
@@ -15,7 +15,7 @@ import (
 )
 
 // What a statement sent inside a watched transaction does to the transaction itself. The watch
-// (the root package's txwatch.go) reads the text of every statement that reaches the transaction's connection — through
+// (internal/capture's txwatch.go) reads the text of every statement that reaches the transaction's connection — through
 // Exec, Raw(...).Row/Rows/Scan, the connection's ExecContext/QueryContext/QueryRowContext, or a
 // prepared statement — and acts on those that mark a savepoint, undo work or end the transaction.
 

@@ -43,7 +43,7 @@ import (
 // one host's file, takes the worker's clock as a parameter. A worker also keeps its own, conservative
 // end of each lease: the time it sent the claim (or renewal) plus the lease, on its monotonic clock,
 // which the database's end cannot precede. It does not start publishing a batch past that end, and a
-// publish still running then is cut short (the root package's leases.go): a relay that got a claim's answer late, or
+// publish still running then is cut short (internal/relay's lease.go): a relay that got a claim's answer late, or
 // that cannot renew, never publishes rows another relay may have taken over.
 type Store struct {
 	d     relayDialect
