@@ -16,7 +16,7 @@ import (
 
 // BenchmarkConcurrentWriters measures 16 goroutines each committing 200 single Creates at once, on
 // PostgreSQL and MariaDB. On PostgreSQL: plain GORM; the plugin as registered (the wake-up sent after
-// commit, at most one NOTIFY per few milliseconds: txwatch.go); the plugin with pg_notify inside
+// commit, at most one NOTIFY per few milliseconds: internal/capture's txwatch.go); the plugin with pg_notify inside
 // every transaction, as before (plugin_intx_notify); the plugin WithoutNotify; and the floor of any
 // outbox written by a statement of its own (raw_floor: a hand-built INSERT beside the create). PostgreSQL
 // serialises the commits of transactions that notified, which is what concurrency makes costly; a
