@@ -83,8 +83,14 @@ var (
 	ErrTransactionEnded = capture.ErrTransactionEnded
 
 	// ErrUnknownSavepoint is returned by the commit of a transaction that rolled back to a savepoint
-	// the plugin did not see being set (SQL sent on SQLTx's *sql.Tx, around GORM) while it held
+	// the plugin did not see being set (SQL sent on SQLTx's *sql.Tx or SQLConn's *sql.Conn, around GORM) while it held
 	// events: which of them the rollback undid cannot be told, so the transaction is rolled back
 	// rather than committed with events of rows that are gone or without events of rows that stay.
 	ErrUnknownSavepoint = capture.ErrUnknownSavepoint
+
+	// ErrCommitUnknown is returned by the commit of a transaction whose connection failed after the
+	// COMMIT was sent and before the database answered (PostgreSQL with pgx, where the outbox INSERT
+	// rides on the COMMIT): the transaction's rows and their events either all committed or none
+	// did, and which is not known. Read the rows back to tell; an event is never without its row.
+	ErrCommitUnknown = capture.ErrCommitUnknown
 )

@@ -76,6 +76,11 @@ func UseNotifyInTransaction(p *Plugin) { p.notifyInTx = true }
 // two.
 func UsePerStatementInserts(p *Plugin) { p.c.PerStatement = true }
 
+// UseSeparateCommit makes p, before it is registered, begin transactions on *sql.Tx and write their
+// events in an INSERT of its own before the COMMIT on every driver, as before the commit carried them
+// on PostgreSQL with pgx, so that benchmarks can compare the two.
+func UseSeparateCommit(p *Plugin) { p.sqlTx = true }
+
 // RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
 // writes into the text as literals.
 func RelayLiteral(w *Worker, query string, args ...any) (string, []any) {

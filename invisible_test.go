@@ -534,16 +534,28 @@ func TestTransactionStatementsSeenOnEveryPath(t *testing.T) {
 	})
 }
 
-// SQL sent on the transaction's *sql.Tx (SQLTx) goes around GORM and the plugin. A savepoint set
+// SQL sent on the transaction's *sql.Tx (SQLTx), or on PostgreSQL with pgx its *sql.Conn (SQLConn),
+// goes around GORM and the plugin. A savepoint set
 // there and rolled back to through GORM while events are held cannot be matched with them: the
 // commit fails with ErrUnknownSavepoint and nothing is committed. A savepoint set and rolled back to
 // there both leaves the events held as they were: the event of the row it undid is still written,
 // for a row that does not exist (docs/capture.md says so).
 func TestSQLTxIsNotSeen(t *testing.T) {
-	sqlTx := func(t *testing.T, tx *gorm.DB) *sql.Tx {
+	sqlTx := func(t *testing.T, d dialect, tx *gorm.DB) interface {
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	} {
 		t.Helper()
-		conn, ok := tx.Statement.ConnPool.(interface{ SQLTx() (*sql.Tx, bool) })
-		require.True(t, ok, "the transaction has SQLTx: %T", tx.Statement.ConnPool)
+		conn, ok := tx.Statement.ConnPool.(interface {
+			SQLTx() (*sql.Tx, bool)
+			SQLConn() (*sql.Conn, bool)
+		})
+		require.True(t, ok, "the transaction has SQLTx and SQLConn: %T", tx.Statement.ConnPool)
+		if c, ok := conn.SQLConn(); ok {
+			_, isTx := conn.SQLTx()
+			require.False(t, isTx, "a transaction on a held connection has no *sql.Tx")
+			require.Equal(t, "postgres", d.name, "only PostgreSQL's transactions are on held connections")
+			return c
+		}
 		s, ok := conn.SQLTx()
 		require.True(t, ok)
 		return s
@@ -554,7 +566,7 @@ func TestSQLTxIsNotSeen(t *testing.T) {
 			db := setup(t, d, nil)
 			err := db.Transaction(func(tx *gorm.DB) error {
 				require.NoError(t, tx.Create(&User{Name: "a"}).Error)
-				_, err := sqlTx(t, tx).ExecContext(ctx, "SAVEPOINT unseen")
+				_, err := sqlTx(t, d, tx).ExecContext(ctx, "SAVEPOINT unseen")
 				require.NoError(t, err)
 				require.NoError(t, tx.Create(&User{Name: "b"}).Error)
 				require.NoError(t, tx.Exec("ROLLBACK TO SAVEPOINT unseen").Error)
@@ -569,12 +581,12 @@ func TestSQLTxIsNotSeen(t *testing.T) {
 			var undone uint
 			require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 				require.NoError(t, tx.Create(&User{Name: "a"}).Error)
-				_, err := sqlTx(t, tx).ExecContext(ctx, "SAVEPOINT unseen")
+				_, err := sqlTx(t, d, tx).ExecContext(ctx, "SAVEPOINT unseen")
 				require.NoError(t, err)
 				b := User{Name: "b"}
 				require.NoError(t, tx.Create(&b).Error)
 				undone = b.ID
-				_, err = sqlTx(t, tx).ExecContext(ctx, "ROLLBACK TO SAVEPOINT unseen")
+				_, err = sqlTx(t, d, tx).ExecContext(ctx, "ROLLBACK TO SAVEPOINT unseen")
 				return err
 			}))
 			assert.Equal(t, []string{"a"}, userNames(t, db))

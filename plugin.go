@@ -23,6 +23,7 @@ type Plugin struct {
 
 	c          *capture.Capturer // the capture: statements to events, held until commit (internal/capture)
 	notifyInTx bool              // no NOTIFY after commit: pg_notify inside every transaction, as before; set by benchmarks
+	sqlTx      bool              // transactions on *sql.Tx, the INSERT before the COMMIT, on every driver; set by benchmarks
 }
 
 // New returns the plugin. Invalid options are reported by db.Use, which returns the error of
@@ -51,8 +52,12 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 		return p.err
 	}
 	notify := p.cfg.notify && !p.notifyInTx && db.Dialector.Name() == "postgres"
-	if _, err := capture.Install(db, p.cfg.table, notify); err != nil {
+	cw, err := capture.Install(db, p.cfg.table, notify)
+	if err != nil {
 		return fmt.Errorf("outboxplugin: watch the pool's transactions: %w", err)
+	}
+	if p.sqlTx {
+		cw.CommitSeparately()
 	}
 	return p.registerCallbacks(db)
 }

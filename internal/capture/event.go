@@ -37,4 +37,5 @@ var (
 	ErrTransactionRolledBack = errors.New("the database rolled the transaction back")
 	ErrTransactionEnded      = errors.New("the transaction was ended")
 	ErrUnknownSavepoint      = errors.New("rollback to a savepoint the plugin did not see")
+	ErrCommitUnknown         = errors.New("whether the transaction committed is not known")
 )

@@ -2,7 +2,9 @@ package capture
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -104,6 +106,22 @@ func (p *Inserter) notifyInTransaction(db *gorm.DB, t *Tx) bool {
 // insertNow writes events with multi-row INSERTs on pool (the transaction of the write) under ctx,
 // with notify preceded by pg_notify. db gives the dialect and the logger.
 func (p *Inserter) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPool, events []Event, notify bool) error {
+	return p.statements(db, events, notify, func(query string, args []any, n int) error {
+		start := time.Now()
+		_, err := pool.ExecContext(ctx, query, args...)
+		db.Logger.Trace(ctx, start, func() (string, int64) {
+			return db.Dialector.Explain(query, args...), int64(n)
+		}, err)
+		if err != nil {
+			return fmt.Errorf("insert into %s: %w", p.Table, err)
+		}
+		return nil
+	})
+}
+
+// statements calls write with each INSERT that writes events (of n of them), in order, and stops
+// at its first error.
+func (p *Inserter) statements(db *gorm.DB, events []Event, notify bool, write func(query string, args []any, n int) error) error {
 	strategy := p.strategy(db)
 	for len(events) > 0 {
 		// A run of events of one kind, delayed (DeliverAfter, DeliverAt) or not, in their order: the
@@ -126,17 +144,92 @@ func (p *Inserter) insertNow(ctx context.Context, db *gorm.DB, pool gorm.ConnPoo
 		default:
 			query, args = p.valuesSQL(db, n, notify), valuesArgs(events[:n])
 		}
-		start := time.Now()
-		_, err := pool.ExecContext(ctx, query, args...)
-		db.Logger.Trace(ctx, start, func() (string, int64) {
-			return db.Dialector.Explain(query, args...), int64(n)
-		}, err)
-		if err != nil {
-			return fmt.Errorf("insert into %s: %w", p.Table, err)
+		if err := write(query, args, n); err != nil {
+			return err
 		}
 		events = events[n:]
 	}
 	return nil
+}
+
+// inlineSQL is the INSERTs of events on PostgreSQL, their values written as literals (conntx.go
+// sends them with the COMMIT), with how many events each writes; false when a value cannot be (a NUL
+// byte, which PostgreSQL refuses in text anyway: the usual path then reports it).
+func (p *Inserter) inlineSQL(db *gorm.DB, events []Event, notify bool) (stmts []string, counts []int, ok bool) {
+	err := p.statements(db, events, notify, func(query string, args []any, n int) error {
+		var b strings.Builder
+		b.Grow(len(query) + 64*n)
+		if !appendInlined(&b, query, args) {
+			return errNotInlined
+		}
+		stmts, counts = append(stmts, b.String()), append(counts, n)
+		return nil
+	})
+	return stmts, counts, err == nil
+}
+
+var errNotInlined = errors.New("not inlined")
+
+// appendInlined writes query with each $n replaced by the literal of args[n-1]. The statements are
+// the plugin's own, with no $ but their bind variables.
+func appendInlined(b *strings.Builder, query string, args []any) bool {
+	for i := 0; i < len(query); i++ {
+		c := query[i]
+		if c != '$' {
+			b.WriteByte(c)
+			continue
+		}
+		j := i + 1
+		for j < len(query) && query[j] >= '0' && query[j] <= '9' {
+			j++
+		}
+		n, err := strconv.Atoi(query[i+1 : j])
+		if err != nil || n < 1 || n > len(args) || !appendPGLiteral(b, args[n-1]) {
+			return false
+		}
+		i = j - 1
+	}
+	return true
+}
+
+// appendPGLiteral writes v as a PostgreSQL literal: NULL, or a quoted string (times as UTC text with
+// microseconds, truncated as pgx truncates a bound time). A string with a backslash is written as
+// E'...' with the backslashes doubled, so that it reads the same whatever
+// standard_conforming_strings says; quotes are doubled.
+func appendPGLiteral(b *strings.Builder, v any) bool {
+	var s string
+	switch v := v.(type) {
+	case nil:
+		b.WriteString("NULL")
+		return true
+	case string:
+		s = v
+	case time.Time:
+		s = v.UTC().Format("2006-01-02 15:04:05.999999Z07:00")
+	default:
+		return false
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return false
+	}
+	escape := strings.IndexByte(s, '\\') >= 0
+	if escape {
+		b.WriteByte('E')
+	}
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\'':
+			b.WriteString("''")
+		case c == '\\' && escape:
+			b.WriteString(`\\`)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return true
 }
 
 func valuesArgs(events []Event) []any {

@@ -88,6 +88,13 @@ type Watch struct {
 
 	prepared txsql.Prepared // transaction statements prepared on the pool (PrepareStmt)
 
+	// heldConn: transactions are begun on a connection the watch holds, so that the held events
+	// ride on the COMMIT (conntx.go): PostgreSQL with pgx, on a *sql.DB. Off once GORM's
+	// PrepareStmt is seen (prepares), or when pgx's transaction status cannot be read.
+	heldConn atomic.Bool
+	prepares atomic.Bool
+	texts    stmtTexts // texts of the statements prepared on the pool, with heldConn
+
 	// rollbackOnTimeout is MySQL's innodb_rollback_on_timeout, read at the first lock wait timeout:
 	// 0 not read yet, 1 off (a timeout undoes the statement), 2 on (the whole transaction).
 	rollbackOnTimeout atomic.Int32
@@ -119,12 +126,19 @@ func Install(db *gorm.DB, table string, notify bool) (*Watch, error) {
 	default:
 		cw.pool = old
 		db.Config.ConnPool = &watchedPool{ConnPool: old, cw: cw}
+		if sqlDB, ok := old.(*sql.DB); ok && cw.dialect == "postgres" && isPgx(sqlDB) {
+			cw.heldConn.Store(true)
+		}
 	}
 	if db.Statement != nil && db.Statement.ConnPool == old {
 		db.Statement.ConnPool = db.Config.ConnPool
 	}
 	return cw, nil
 }
+
+// CommitSeparately has the pool's transactions begun on *sql.Tx, their events written in an INSERT
+// before the COMMIT, on every driver; for benchmarks to compare.
+func (cw *Watch) CommitSeparately() { cw.heldConn.Store(false) }
 
 // TxOf returns the watched transaction under pool (the connection of a statement), or nil when
 // the wrapper did not begin it.
@@ -216,6 +230,17 @@ func (p *watchedPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.Co
 		inner gorm.ConnPool
 		err   error
 	)
+	if p.cw.heldConn.Load() && !p.cw.prepares.Load() {
+		ct, err := p.cw.beginOnConn(ctx, p.ConnPool.(*sql.DB), opts)
+		switch {
+		case err == nil:
+			return &Tx{Tx: ct, cw: p.cw, pool: p, ctx: ctx}, nil
+		case errors.Is(err, errStatusUnknown):
+			p.cw.heldConn.Store(false)
+		default:
+			return nil, err
+		}
+	}
 	switch b := p.ConnPool.(type) {
 	case gorm.TxBeginner:
 		var tx *sql.Tx
@@ -243,6 +268,9 @@ func (p *watchedPool) PrepareContext(ctx context.Context, query string) (*sql.St
 	stmt, err := p.ConnPool.PrepareContext(ctx, query)
 	if err == nil {
 		p.cw.prepared.Remember(stmt, txsql.Parse(query, p.cw.dialect == "postgres"))
+		if p.cw.heldConn.Load() {
+			p.cw.texts.remember(stmt, query)
+		}
 	}
 	return stmt, err
 }
@@ -500,6 +528,11 @@ func (t *Tx) Commit() error {
 		}
 		return fmt.Errorf("%w (written before commit; the transaction is rolled back)", failed)
 	}
+	if ct, ok := t.Tx.(*connTx); ok && ct.live() {
+		if done, err := t.commitOnConn(ct); done {
+			return err
+		}
+	}
 	if err := t.flush(true); err != nil {
 		if rerr := t.Tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			return fmt.Errorf("%w (written at commit; rolling back failed too: %v)", err, rerr)
@@ -575,6 +608,10 @@ func (t *Tx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error
 	stmt, err := t.Tx.PrepareContext(ctx, query)
 	if err == nil {
 		t.cw.prepared.Remember(stmt, txsql.Parse(query, t.cw.dialect == "postgres"))
+		if _, held := t.Tx.(*connTx); held {
+			// GORM's PrepareStmt: its statements are kept better per connection by *sql.Tx.
+			t.cw.prepares.Store(true)
+		}
 	}
 	return stmt, err
 }
@@ -754,6 +791,17 @@ func (t *Tx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
 func (t *Tx) SQLTx() (*sql.Tx, bool) {
 	tx, ok := t.Tx.(*sql.Tx)
 	return tx, ok
+}
+
+// SQLConn returns the connection the transaction runs on when the plugin began it on a connection
+// it holds (PostgreSQL with pgx, where the held events ride on the COMMIT), and false otherwise
+// (then SQLTx has it). What is sent on it is not seen, as with SQLTx; it must not be closed, nor
+// the transaction ended on it.
+func (t *Tx) SQLConn() (*sql.Conn, bool) {
+	if ct, ok := t.Tx.(*connTx); ok {
+		return ct.conn, true
+	}
+	return nil, false
 }
 
 // Waker is a relay of this process that a commit wakes (the root's Worker).
