@@ -17,7 +17,8 @@ import (
 // BenchmarkConcurrentWriters measures 16 goroutines each committing 200 single Creates at once, on
 // PostgreSQL and MariaDB. On PostgreSQL: plain GORM; the plugin as registered (the wake-up sent after
 // commit, at most one NOTIFY per few milliseconds: internal/capture's txwatch.go); the plugin with pg_notify inside
-// every transaction, as before (plugin_intx_notify); the plugin WithoutNotify; and the floor of any
+// every transaction, as before (plugin_intx_notify); the plugin WithoutNotify; the plugin with its
+// INSERT in a round trip of its own before the COMMIT, on *sql.Tx (plugin_sqltx); and the floor of any
 // outbox written by a statement of its own (raw_floor: a hand-built INSERT beside the create). PostgreSQL
 // serialises the commits of transactions that notified, which is what concurrency makes costly; a
 // connection LISTENs on the outbox's channel meanwhile, as a relay does (no relay claims). On MariaDB,
@@ -35,17 +36,20 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 		withPlugin := openDB(b, d, cfg())
 		inTx := openDB(b, d, cfg())
 		noNotify := openDB(b, d, cfg())
+		sqlTx := openDB(b, d, cfg())
 		inTxPlugin := outboxplugin.New()
 		outboxplugin.UseNotifyInTransaction(inTxPlugin)
+		sqlTxPlugin := outboxplugin.New()
+		outboxplugin.UseSeparateCommit(sqlTxPlugin)
 		for _, u := range []struct {
 			db *gorm.DB
 			p  *outboxplugin.Plugin
-		}{{withPlugin, outboxplugin.New()}, {inTx, inTxPlugin}, {noNotify, outboxplugin.New(outboxplugin.WithoutNotify())}} {
+		}{{withPlugin, outboxplugin.New()}, {inTx, inTxPlugin}, {noNotify, outboxplugin.New(outboxplugin.WithoutNotify())}, {sqlTx, sqlTxPlugin}} {
 			if err := u.db.Use(u.p); err != nil {
 				b.Fatal(err)
 			}
 		}
-		for _, db := range []*gorm.DB{plain, withPlugin, inTx, noNotify} {
+		for _, db := range []*gorm.DB{plain, withPlugin, inTx, noNotify, sqlTx} {
 			sqlDB, err := db.DB()
 			if err != nil {
 				b.Fatal(err)
@@ -76,7 +80,7 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 			conn.Close(context.Background())
 		}()
 		measureWriters(b, []writerVariant{{"plain", plain, nil}, {"plugin", withPlugin, nil}, {"plugin_intx_notify", inTx, nil},
-			{"plugin_nonotify", noNotify, nil}, {"raw_floor", plain, rawFloorWriter}})
+			{"plugin_nonotify", noNotify, nil}, {"plugin_sqltx", sqlTx, nil}, {"raw_floor", plain, rawFloorWriter}})
 	})
 	b.Run("mysql", func(b *testing.B) {
 		d := mariaDB(b)

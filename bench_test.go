@@ -185,6 +185,9 @@ func BenchmarkWritePath(b *testing.B) {
 				// The cost of the wake-up notification the plugin sends by default on PostgreSQL.
 				_, withoutNotify := openBenchPair(b, d, "", outboxplugin.WithoutNotify())
 				variants = append(variants, writeVariant{"plugin_nonotify", withoutNotify, createOnly, nil})
+				// The outbox INSERT in a round trip of its own before the COMMIT, on *sql.Tx, as
+				// before the commit carried it.
+				variants = append(variants, writeVariant{"plugin_sqltx", pluginDB(b, d, plain, outboxplugin.UseSeparateCommit), createOnly, updateByCondition})
 			}
 			for _, rows := range []int{1, 100} {
 				name := "single"
@@ -214,7 +217,8 @@ func BenchmarkWritePath(b *testing.B) {
 			if d.name == "postgres" {
 				services = append(services,
 					writeVariant{"plugin_nonotify", pluginDB(b, d, plain, nil, outboxplugin.WithoutNotify()), service, nil},
-					writeVariant{"plugin_intx_notify", pluginDB(b, d, plain, outboxplugin.UseNotifyInTransaction), service, nil})
+					writeVariant{"plugin_intx_notify", pluginDB(b, d, plain, outboxplugin.UseNotifyInTransaction), service, nil},
+					writeVariant{"plugin_sqltx", pluginDB(b, d, plain, outboxplugin.UseSeparateCommit), service, nil})
 			}
 			b.Run("service", func(b *testing.B) { runInterleaved(b, services, 0, false) })
 		})

@@ -46,34 +46,61 @@ import (
 
 // pgConn reads, through reflection on the driver connection, what pgx knows of it: its transaction
 // status and whether it is closed. The core module does not import pgx; the methods are pgx's
-// stdlib.Conn.Conn(), pgx.Conn.PgConn(), IsClosed() and pgconn.PgConn.TxStatus().
+// stdlib.Conn.Conn(), pgx.Conn.IsClosed() and PgConn(), and pgconn.PgConn.TxStatus(), found once per
+// type (pgMethods).
 func pgConn(dc any) (status byte, closed bool, ok bool) {
 	v := reflect.ValueOf(dc)
-	m := v.MethodByName("Conn")
-	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
+	m := methodsOf(v.Type())
+	if m == nil || m.conn < 0 {
 		return 0, false, false
 	}
-	c := m.Call(nil)[0]
-	if c.Kind() == reflect.Pointer && c.IsNil() {
+	c := v.Method(m.conn).Call(nil)[0]
+	if c.IsNil() {
 		return 0, true, true
 	}
-	isClosed, pg := c.MethodByName("IsClosed"), c.MethodByName("PgConn")
-	if !isClosed.IsValid() || !pg.IsValid() || isClosed.Type().NumIn() != 0 || isClosed.Type().NumOut() != 1 ||
-		isClosed.Type().Out(0).Kind() != reflect.Bool || pg.Type().NumIn() != 0 || pg.Type().NumOut() != 1 {
+	cm := methodsOf(c.Type())
+	if cm == nil || cm.isClosed < 0 || cm.pgConn < 0 {
 		return 0, false, false
 	}
-	if isClosed.Call(nil)[0].Bool() {
+	if c.Method(cm.isClosed).Call(nil)[0].Bool() {
 		return 0, true, true
 	}
-	p := pg.Call(nil)[0]
-	if p.Kind() == reflect.Pointer && p.IsNil() {
+	p := c.Method(cm.pgConn).Call(nil)[0]
+	if p.IsNil() {
 		return 0, true, true
 	}
-	ts := p.MethodByName("TxStatus")
-	if !ts.IsValid() || ts.Type().NumIn() != 0 || ts.Type().NumOut() != 1 || ts.Type().Out(0).Kind() != reflect.Uint8 {
+	pm := methodsOf(p.Type())
+	if pm == nil || pm.txStatus < 0 {
 		return 0, false, false
 	}
-	return byte(ts.Call(nil)[0].Uint()), false, true
+	return byte(p.Method(pm.txStatus).Call(nil)[0].Uint()), false, true
+}
+
+// pgMethods are the indexes of the methods pgConn calls on one type; -1 where the type has none.
+type pgMethods struct{ conn, isClosed, pgConn, txStatus int }
+
+var pgMethodCache sync.Map // reflect.Type -> *pgMethods, nil when the type is not one of pgx's
+
+// methodsOf returns the methods pgConn needs of t, or nil when t has none of them with the
+// signatures pgx gives them.
+func methodsOf(t reflect.Type) *pgMethods {
+	if m, ok := pgMethodCache.Load(t); ok {
+		return m.(*pgMethods)
+	}
+	find := func(name string, out reflect.Kind) int {
+		m, ok := t.MethodByName(name)
+		if !ok || m.Type.NumIn() != 1 || m.Type.NumOut() != 1 || m.Type.Out(0).Kind() != out {
+			return -1
+		}
+		return m.Index
+	}
+	m := &pgMethods{conn: find("Conn", reflect.Pointer), isClosed: find("IsClosed", reflect.Bool),
+		pgConn: find("PgConn", reflect.Pointer), txStatus: find("TxStatus", reflect.Uint8)}
+	if m.conn < 0 && (m.isClosed < 0 || m.pgConn < 0) && m.txStatus < 0 {
+		m = nil
+	}
+	pgMethodCache.Store(t, m)
+	return m
 }
 
 // isPgx reports whether db's connections are pgx's (its database/sql driver, stdlib).
