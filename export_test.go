@@ -81,6 +81,12 @@ func UsePerStatementInserts(p *Plugin) { p.c.PerStatement = true }
 // on PostgreSQL with pgx, so that benchmarks can compare the two.
 func UseSeparateCommit(p *Plugin) { p.sqlTx = true }
 
+// WithServerVersion has the worker take version as the server's answer to its version question, for
+// tests of engines not on this machine (TiDB, MySQL 5.7, MariaDB 10.5).
+func WithServerVersion(version string) WorkerOption {
+	return func(c *workerConfig) error { c.serverVersion = version; return nil }
+}
+
 // RelayLiteral is what w's dialect makes of a statement before sending it: on MySQL the arguments it
 // writes into the text as literals.
 func RelayLiteral(w *Worker, query string, args ...any) (string, []any) {

@@ -26,6 +26,12 @@ import (
 // and SQLite.
 var ErrUnsupportedDialect = errors.New("outboxplugin: unsupported database")
 
+// ErrUnsupportedEngine is returned by NewWorker (or, when the server could not be asked then, by the
+// first claim) for a database engine whose claim would not skip locked rows: MySQL before 8.0.1,
+// MariaDB before 10.6, TiDB (which accepts FOR UPDATE SKIP LOCKED and does not skip), PostgreSQL
+// before 9.5. The error names the server's version and what to run instead.
+var ErrUnsupportedEngine = store.ErrUnsupportedEngine
+
 // Worker is the relay: it claims committed outbox events, hands them to a Publisher in batches, and
 // records the outcome. Delivery is at least once: an event is marked done only after the publisher
 // accepted it, so a crash in between publishes it again. Several workers, in one process or many,
@@ -59,8 +65,10 @@ type Worker struct {
 var ErrWorkerBusy = errors.New("outboxplugin: the worker is already running")
 
 // NewWorker returns a relay that publishes the events of db's outbox table with pub, or an error
-// wrapping ErrInvalidOption for an invalid option, a nil db or publisher, and ErrUnsupportedDialect
-// for a database other than PostgreSQL, MySQL/MariaDB and SQLite.
+// wrapping ErrInvalidOption for an invalid option, a nil db or publisher, ErrUnsupportedDialect for a
+// database other than PostgreSQL, MySQL/MariaDB and SQLite, and ErrUnsupportedEngine for an engine
+// whose claim would not skip locked rows. It asks the server its version (engineCheckTimeout); when
+// the server does not answer, the first claim asks again, so a relay may start before its database.
 func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error) {
 	w := &Worker{
 		db:   db,
@@ -110,6 +118,15 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 	if w.sql, err = newStore(w.db, w.cfg.table, w.cfg.keyOrdering, w.cfg.batchSize, w.cfg.history, w.cfg.lease); err != nil {
 		return fail(err)
 	}
+	if w.cfg.serverVersion != "" {
+		w.sql.SetServerVersion(w.cfg.serverVersion)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), engineCheckTimeout)
+	err = w.sql.CheckEngine(ctx)
+	cancel()
+	if errors.Is(err, ErrUnsupportedEngine) {
+		return fail(err)
+	}
 	w.engine = relay.New(w.sql, relay.Config{
 		Owner:           w.owner,
 		BatchSize:       w.cfg.batchSize,
@@ -132,6 +149,9 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 	})
 	return w, nil
 }
+
+// engineCheckTimeout bounds NewWorker's question of the server's version.
+const engineCheckTimeout = 5 * time.Second
 
 // newStore is store.New, with its error for a database the relay does not run on as
 // ErrUnsupportedDialect.

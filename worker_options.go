@@ -11,6 +11,7 @@ import (
 // The worker's options and their defaults.
 
 type workerConfig struct {
+	serverVersion   string // the server's version as a test gives it (export_test.go), or ""
 	table           string
 	batchSize       int
 	pollInterval    time.Duration

@@ -69,6 +69,11 @@ type Store struct {
 	conn      *sql.Conn  // the worker's own connection (txConnLocked), or nil
 	holdConn  bool       // conn is kept between transactions: the pool has room for it
 	noSession bool       // the server has no idle-transaction setting: transactions use the pool
+
+	engineMu       sync.Mutex // CheckEngine (engine.go)
+	engineChecked  bool
+	engineErr      error
+	versionStandIn string // the server's version as tests give it, or ""
 }
 
 // relayDialect is what differs between databases in the relay's SQL, one implementation per database
@@ -244,6 +249,9 @@ func (q *Store) ready(ctx context.Context) error {
 	defer q.buildMu.Unlock()
 	if q.built {
 		return nil
+	}
+	if err := q.CheckEngine(ctx); err != nil {
+		return err
 	}
 	clock, err := q.d.timeSQL(ctx, q.db)
 	if err != nil {
