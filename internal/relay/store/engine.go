@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The relay's claim takes rows with FOR UPDATE SKIP LOCKED: two relays never take the same row, and
@@ -137,4 +138,27 @@ func versionNumbers(v string) (major, minor, patch int, ok bool) {
 		}
 	}
 	return major, minor, patch, true
+}
+
+// Statement is a statement with its arguments.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
+// ClaimReads are the statements of a claim that find its rows, as a claim by owner at now would send
+// them, for EXPLAIN: PostgreSQL's one claim statement, MySQL's and MariaDB's probe of the two runs.
+// SQLite has none (its claim takes the database's write lock).
+func (q *Store) ClaimReads(ctx context.Context, owner string, now time.Time) ([]Statement, error) {
+	if err := q.ready(ctx); err != nil {
+		return nil, err
+	}
+	switch d := q.d.(type) {
+	case *pgRelay:
+		return []Statement{{d.claimUpdate, q.claimArgs(owner, now)}}, nil
+	case *mysqlRelay:
+		query, args := d.literal(d.probe, q.clock.args(d.clock(now), d.probeArgs))
+		return []Statement{{query, args}}, nil
+	}
+	return nil, nil
 }
