@@ -376,7 +376,7 @@ func (c *connTx) QueryRowContext(ctx context.Context, query string, args ...any)
 	c.closemu.RLock()
 	defer c.closemu.RUnlock()
 	if c.done {
-		return txDoneDB.QueryRowContext(ctx, "")
+		return txDoneDB().QueryRowContext(ctx, "")
 	}
 	return c.conn.QueryRowContext(ctx, query, args...)
 }
@@ -427,11 +427,12 @@ func (c *connTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
 // txDoneDB answers every statement with an error: sql.ErrTxDone for a statement sent to a
 // transaction that has ended, as database/sql's *sql.Tx answers it; the statement's text for those
 // txDoneStmt makes.
-var txDoneDB = sql.OpenDB(failingConnector{})
+// Opened on first use: a *sql.DB runs a goroutine of its own.
+var txDoneDB = sync.OnceValue(func() *sql.DB { return sql.OpenDB(failingConnector{}) })
 
 // txDoneStmt is a statement whose every use fails with err's text.
 func txDoneStmt(err error) *sql.Stmt {
-	s, perr := txDoneDB.Prepare(err.Error())
+	s, perr := txDoneDB().Prepare(err.Error())
 	if perr != nil {
 		panic(perr) // failingConn prepares anything
 	}
