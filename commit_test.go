@@ -435,6 +435,19 @@ func TestPrepareStmtOnHeldConnections(t *testing.T) {
 	admin := setupCommitTables(t)
 	c := openCommitPG(t, nil, outboxplugin.New())
 	prep := c.db.Session(&gorm.Session{PrepareStmt: true})
+	// A statement prepared on the pool first, then run in the pool's first transaction, on its held
+	// connection: prepared again there from its text.
+	var users []User
+	require.NoError(t, prep.Find(&users).Error)
+	require.NoError(t, prep.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Find(&users).Error; err != nil {
+			return err
+		}
+		return tx.Create(&User{Name: "prepared"}).Error
+	}))
+	assert.Equal(t, []string{"prepared"}, userNames(t, admin))
+	require.Len(t, loadEvents(t, admin), 1)
+	require.NoError(t, admin.Exec("DELETE FROM outbox_events").Error)
 	for i := range 3 {
 		require.NoError(t, prep.Transaction(func(tx *gorm.DB) error { return serviceTransaction(tx, fmt.Sprint("prep", i)) }))
 	}
