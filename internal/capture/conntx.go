@@ -7,11 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
-	"weak"
 )
 
 // The commit that carries the outbox write (PostgreSQL with pgx).
@@ -190,7 +188,7 @@ func (cw *Watch) beginOnConn(ctx context.Context, db *sql.DB, opts *sql.TxOption
 			}
 			return nil, err
 		}
-		c.stopWatch = context.AfterFunc(ctx, func() { c.abort(ctx.Err()) })
+		c.stopWatch = context.AfterFunc(ctx, c.abort)
 		return c, nil
 	}
 }
@@ -243,7 +241,7 @@ func (c *connTx) closeStmts() {
 
 // abort ends the transaction when its context ends: it waits for the statements running, refuses
 // later ones, and closes the connection, which rolls the transaction back.
-func (c *connTx) abort(error) {
+func (c *connTx) abort() {
 	c.closemu.Lock()
 	if c.done {
 		c.closemu.Unlock()
@@ -391,7 +389,7 @@ func (c *connTx) PrepareContext(ctx context.Context, query string) (*sql.Stmt, e
 	if err != nil {
 		return nil, err
 	}
-	c.cw.texts.remember(stmt, query)
+	c.cw.texts.Remember(stmt, query)
 	c.stmtMu.Lock()
 	if c.stmts == nil {
 		c.stmts = make(map[*sql.Stmt]struct{})
@@ -413,7 +411,7 @@ func (c *connTx) StmtContext(ctx context.Context, stmt *sql.Stmt) *sql.Stmt {
 		return stmt
 	}
 	c.cw.prepares.Store(true)
-	query, ok := c.cw.texts.lookup(stmt)
+	query, ok := c.cw.texts.Lookup(stmt)
 	if !ok {
 		return txDoneStmt(errors.New("outboxplugin: a statement prepared outside the plugin's view was given to a transaction on a held connection"))
 	}
@@ -469,34 +467,13 @@ func (failingStmt) NumInput() int                                { return -1 }
 func (s failingStmt) Exec([]driver.Value) (driver.Result, error) { return nil, s.err() }
 func (s failingStmt) Query([]driver.Value) (driver.Rows, error)  { return nil, s.err() }
 
-// stmtTexts remembers the text of prepared statements, as long as each lives: a statement prepared
-// elsewhere is prepared again from it on a held connection.
-type stmtTexts struct {
-	m sync.Map // weak.Pointer[sql.Stmt] -> string
-}
-
-func (r *stmtTexts) remember(stmt *sql.Stmt, query string) {
-	key := weak.Make(stmt)
-	if _, loaded := r.m.LoadOrStore(key, query); !loaded {
-		runtime.AddCleanup(stmt, func(k weak.Pointer[sql.Stmt]) { r.m.Delete(k) }, key)
-	}
-}
-
-func (r *stmtTexts) lookup(stmt *sql.Stmt) (string, bool) {
-	v, ok := r.m.Load(weak.Make(stmt))
-	if !ok {
-		return "", false
-	}
-	return v.(string), true
-}
-
 // commitOnConn writes the events held with the COMMIT, in one message. done is false, with nothing
 // sent, when the events cannot be written as literals: the caller writes them as usual, then
 // commits.
 func (t *Tx) commitOnConn(ct *connTx) (done bool, err error) {
-	if ctxErr := t.ctx.Err(); ctxErr != nil {
+	if t.ctx.Err() != nil {
 		// Ended before the commit: rolled back, and the usual path says so as *sql.Tx would.
-		ct.abort(ctxErr)
+		ct.abort()
 		return false, nil
 	}
 	t.mu.Lock()

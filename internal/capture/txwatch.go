@@ -94,7 +94,7 @@ type Watch struct {
 	// PrepareStmt is seen (prepares), or when pgx's transaction status cannot be read.
 	heldConn atomic.Bool
 	prepares atomic.Bool
-	texts    stmtTexts // texts of the statements prepared on the pool, with heldConn
+	texts    txsql.StmtMap[string] // texts of the statements prepared on the pool, with heldConn
 
 	// rollbackOnTimeout is MySQL's innodb_rollback_on_timeout, read at the first lock wait timeout:
 	// 0 not read yet, 1 off (a timeout undoes the statement), 2 on (the whole transaction).
@@ -273,7 +273,7 @@ func (p *watchedPool) PrepareContext(ctx context.Context, query string) (*sql.St
 	if err == nil {
 		p.cw.prepared.Remember(stmt, txsql.Parse(query, p.cw.dialect == "postgres"))
 		if p.cw.heldConn.Load() {
-			p.cw.texts.remember(stmt, query)
+			p.cw.texts.Remember(stmt, query)
 		}
 	}
 	return stmt, err

@@ -237,26 +237,39 @@ func isWordByte(c byte, ident bool) bool {
 // Prepared are the transaction statements prepared on a pool or in its transactions, by
 // prepared statement: GORM's PrepareStmt runs a statement as a *sql.Stmt, whose text the transaction
 // no longer sees when it runs. An entry lives as long as its statement.
-type Prepared struct {
-	m sync.Map // weak.Pointer[sql.Stmt] -> Statement
-}
+type Prepared struct{ m StmtMap[Statement] }
 
 // Remember records what stmt does, when it is a transaction statement.
 func (r *Prepared) Remember(stmt *sql.Stmt, s Statement) {
 	if s.Kind == Other || stmt == nil {
 		return
 	}
+	r.m.Remember(stmt, s)
+}
+
+// Lookup returns what stmt does, when it is a transaction statement.
+func (r *Prepared) Lookup(stmt *sql.Stmt) (Statement, bool) { return r.m.Lookup(stmt) }
+
+// StmtMap keeps a value per prepared statement, as long as the statement lives: the entry goes
+// when the garbage collector takes the statement.
+type StmtMap[V any] struct {
+	m sync.Map // weak.Pointer[sql.Stmt] -> V
+}
+
+// Remember keeps v for stmt; a value kept already stays.
+func (r *StmtMap[V]) Remember(stmt *sql.Stmt, v V) {
 	key := weak.Make(stmt)
-	if _, loaded := r.m.LoadOrStore(key, s); !loaded {
+	if _, loaded := r.m.LoadOrStore(key, v); !loaded {
 		runtime.AddCleanup(stmt, func(k weak.Pointer[sql.Stmt]) { r.m.Delete(k) }, key)
 	}
 }
 
-// Lookup returns what stmt does, when it is a transaction statement.
-func (r *Prepared) Lookup(stmt *sql.Stmt) (Statement, bool) {
+// Lookup returns the value kept for stmt.
+func (r *StmtMap[V]) Lookup(stmt *sql.Stmt) (V, bool) {
 	v, ok := r.m.Load(weak.Make(stmt))
 	if !ok {
-		return Statement{}, false
+		var zero V
+		return zero, false
 	}
-	return v.(Statement), true
+	return v.(V), true
 }
