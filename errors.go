@@ -18,6 +18,11 @@ var (
 	// schema-qualified). From the options it comes wrapped together with ErrInvalidOption.
 	ErrInvalidTableName = errors.New("invalid outbox table name")
 
+	// ErrNotPartitioned is returned by AutoMigrate with WithPartitions when the outbox table exists
+	// and is not partitioned: converting it is a migration of its own (docs/operations.md,
+	// "Partitioned outbox").
+	ErrNotPartitioned = errors.New("the outbox table exists and is not partitioned")
+
 	// ErrEmptyEventType is returned when an event would have no type.
 	ErrEmptyEventType = capture.ErrEmptyEventType
 

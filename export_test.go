@@ -3,11 +3,14 @@ package outboxplugin
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin/internal/capture"
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
+	"github.com/gorm-outbox/outboxplugin/internal/relay"
 )
 
 // UseInsertStrategy makes p write events with the named strategy ("values" or "unnest"), so that
@@ -99,3 +102,27 @@ func UseClockSkew(w *Worker, skew time.Duration) { w.engine.SetClockSkew(skew) }
 
 // LeaseOwnerID is the worker id made of a host name and a process id (workerID).
 var LeaseOwnerID = leaseOwnerID
+
+// WithMigrateNow makes AutoMigrate and SchemaSQL take now for the current time: the partitions they
+// make are those of the interval that holds it and the next two.
+func WithMigrateNow(now time.Time) MigrateOption {
+	return func(c *migrateConfig) { c.now = func() time.Time { return now } }
+}
+
+// PartitionTurn is one turn of Run's periodic cleanup on a partitioned table as if the time were now,
+// with the retention given (drop false: only the partitions' making, as a relay without a cleanup
+// does).
+func PartitionTurn(ctx context.Context, w *Worker, now time.Time, retention time.Duration, drop bool) (*partition.Result, error) {
+	if !drop {
+		res, partitioned, ran, err := relay.MakePartitions(ctx, w.sql, now)
+		if err == nil && (!partitioned || !ran) {
+			return nil, errors.New("no partitions made: the table is not partitioned, or the lock was held")
+		}
+		return &res, err
+	}
+	r, err := relay.CleanupReport(ctx, w.sql, now, now.Add(-retention), true)
+	if err == nil && r.Partitions == nil {
+		return nil, errors.New("the table is not partitioned")
+	}
+	return r.Partitions, err
+}

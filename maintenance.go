@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
 	"github.com/gorm-outbox/outboxplugin/internal/relay"
 )
 
@@ -45,6 +46,23 @@ func (w *Worker) maintain(ctx context.Context) {
 				w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: cleanup failed", slog.String("worker", w.owner), slog.Any("error", err))
 			}
 			return true
+		}})
+	} else {
+		// A partitioned table's next partitions are made whether or not this relay cleans up: without
+		// them the writes would land in the default partition. The first run tells whether the table
+		// is partitioned; one that is not stops the task.
+		tasks = append(tasks, relay.Task{First: time.Second, Every: partitionCheckEvery, Run: func(ctx context.Context) bool {
+			res, partitioned, ran, err := relay.MakePartitions(ctx, w.sql, time.Now())
+			if err != nil {
+				if ctx.Err() == nil {
+					w.cfg.logger.LogAttrs(ctx, slog.LevelError, "outboxplugin: making partitions failed", slog.String("worker", w.owner), slog.Any("error", err))
+				}
+				return true // tried again: the database may be away
+			}
+			if ran {
+				w.logPartitions(ctx, &res)
+			}
+			return partitioned
 		}})
 	}
 	var reported countsSnapshot
@@ -87,11 +105,43 @@ func (w *Worker) Cleanup(ctx context.Context, olderThan time.Duration) (int64, e
 // exclusive, it takes the table's cleanup lock and paces itself, and does nothing (ran = false) when
 // another relay holds the lock.
 func (w *Worker) cleanupOnce(ctx context.Context, olderThan time.Duration, exclusive bool) (deleted int64, ran bool, err error) {
-	deleted, ran, err = relay.Cleanup(ctx, w.sql, time.Now().UTC().Add(-olderThan), exclusive)
+	now := time.Now().UTC()
+	r, err := relay.CleanupReport(ctx, w.sql, now, now.Add(-olderThan), exclusive)
+	if r.Partitions != nil {
+		w.logPartitions(ctx, r.Partitions)
+	}
 	if err != nil {
 		err = fmt.Errorf("outboxplugin: cleanup: %w", err)
 	}
-	return deleted, ran, err
+	return r.Deleted, r.Ran, err
+}
+
+// partitionCheckEvery is how often a relay without a periodic cleanup makes a partitioned table's
+// next partitions: often enough that a partition is made days before its first write (they are made
+// two intervals ahead), rarely enough to cost nothing.
+const partitionCheckEvery = 10 * time.Minute
+
+// logPartitions logs what a partitions' maintenance did (INFO) and found wrong (WARN): partitions kept
+// past the retention for the unfinished events they hold, rows in the default partition, drops and
+// attaches that did not get their lock in time.
+func (w *Worker) logPartitions(ctx context.Context, r *partition.Result) {
+	log := w.cfg.logger
+	worker := slog.String("worker", w.owner)
+	if len(r.Created) > 0 || len(r.Dropped) > 0 {
+		log.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: partitions made and dropped", worker,
+			slog.Any("made", r.Created), slog.Any("dropped", r.Dropped), slog.Int64("dropped_rows_estimate", r.DroppedRows))
+	}
+	for _, k := range r.Kept {
+		log.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: partition kept past the retention: it holds unfinished events (publish, requeue or discard them)", worker,
+			slog.String("partition", k.Name), slog.Time("ended", k.To), slog.Int64("pending", k.Pending), slog.Int64("dead", k.Dead))
+	}
+	if r.DefaultRows > 0 {
+		log.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: the default partition holds rows: partitions were not made ahead of their writes (was no relay running?)", worker,
+			slog.Int64("rows", r.DefaultRows), slog.Any("ranges_not_made", r.Skipped))
+	}
+	if len(r.Busy) > 0 {
+		log.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: partition DDL did not get its lock in time; tried again at the next run", worker, slog.Any("partitions", r.Busy))
+	}
 }
 
 // backlogCounts is one backlog measurement: the pending events (due, leased, waiting for a retry),

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"gorm.io/gorm"
 
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
@@ -15,6 +17,60 @@ type MigrateOption func(*migrateConfig)
 
 type migrateConfig struct {
 	keyOrdering bool
+	// partitions is WithPartitions's width, and partitioned whether it was given.
+	partitions  time.Duration
+	partitioned bool
+	now         func() time.Time
+}
+
+func newMigrateConfig(opts []MigrateOption) migrateConfig {
+	cfg := migrateConfig{now: time.Now}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	return cfg
+}
+
+// WithPartitions makes AutoMigrate (and SchemaSQL) create a new outbox table partitioned by time, on
+// PostgreSQL and MySQL/MariaDB: by range of created_at, in partitions every wide (a day when every
+// is zero; a whole number of hours otherwise), aligned on midnight UTC, with a default partition that
+// takes any write no partition covers. AutoMigrate makes the partitions of the current interval and
+// the next two; the relay's maintenance makes the next ones as time passes, and its cleanup
+// (WithCleanup, Worker.Cleanup, Admin.Cleanup) retires the old ones by dropping them whole instead of
+// deleting their rows, never one that holds a pending or dead event. See docs/operations.md,
+// "Partitioned outbox", for the trade-offs and the conversion of an existing table.
+//
+// On a table that exists and is partitioned, AutoMigrate makes the partitions it lacks now (of the
+// width of its newest one, whatever every says). On a table that exists and is not, it fails with
+// ErrNotPartitioned: converting a table is not something to do at a start. SQLite has no partitions:
+// the option is refused there.
+func WithPartitions(every time.Duration) MigrateOption {
+	return func(c *migrateConfig) {
+		if every == 0 {
+			every = partition.DefaultEvery
+		}
+		c.partitions, c.partitioned = every, true
+	}
+}
+
+// partitionWith checks cfg's partitions for d's database and gives them to d.
+func (d *ddl) partitionWith(cfg migrateConfig) error {
+	if !cfg.partitioned {
+		return nil
+	}
+	if d.dialect == dialectSQLite {
+		return fmt.Errorf("outboxplugin: %w: WithPartitions: SQLite has no partitions", ErrInvalidOption)
+	}
+	if err := partition.CheckEvery(cfg.partitions); err != nil {
+		return fmt.Errorf("outboxplugin: %w: WithPartitions: %v", ErrInvalidOption, err)
+	}
+	if err := d.partitioned().Check(); err != nil {
+		return fmt.Errorf("outboxplugin: %w: WithPartitions: %v", ErrInvalidTableName, err)
+	}
+	d.partitions, d.now = cfg.partitions, cfg.now()
+	return nil
 }
 
 // WithKeyOrderingIndex makes AutoMigrate also create the index that a worker with WithKeyOrdering
@@ -91,12 +147,7 @@ type migrationPlan struct {
 // planMigration finds the table AutoMigrate(db, opts...) migrates, and what it would run on it. It
 // returns db as a new session, for running the plan.
 func planMigration(db *gorm.DB, opts []MigrateOption) (*gorm.DB, string, migrationPlan, error) {
-	var cfg migrateConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
-	}
+	cfg := newMigrateConfig(opts)
 	table := DefaultTableName
 	if p := pluginOf(db); p != nil {
 		table = p.cfg.table
@@ -113,6 +164,9 @@ func planMigration(db *gorm.DB, opts []MigrateOption) (*gorm.DB, string, migrati
 	if d.dialect != dialectPostgres && d.dialect != dialectMySQL {
 		d.dialect = dialectSQLite
 	}
+	if err := d.partitionWith(cfg); err != nil {
+		return nil, "", migrationPlan{}, err
+	}
 	plan, err := d.plan(db, cfg)
 	if err != nil {
 		return nil, "", migrationPlan{}, fmt.Errorf("outboxplugin: migrate %s: %w", table, err)
@@ -126,6 +180,20 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 		return migrationPlan{create: true, statements: d.createCurrent(cfg.keyOrdering)}, nil
 	}
 	var plan migrationPlan
+	var layout partition.Layout
+	if d.dialect != dialectSQLite {
+		var err error
+		if layout, err = d.partitioned().Read(db.Statement.Context, db.Statement.ConnPool); err != nil {
+			return plan, fmt.Errorf("read the partitions: %w", err)
+		}
+	}
+	if cfg.partitioned && !layout.Partitioned {
+		return plan, fmt.Errorf("%w: see docs/operations.md, \"Partitioned outbox\", for its conversion", ErrNotPartitioned)
+	}
+	// A partitioned table's indexes are built plainly: PostgreSQL builds no index of a partitioned
+	// table CONCURRENTLY (the build holds up the table's writes; AutoMigrate made them with the table,
+	// so only an index a later option asks for is built so).
+	online := !layout.Partitioned
 	columns, err := tableColumns(db, d.dialect, d.table)
 	if err != nil {
 		return plan, err
@@ -143,10 +211,10 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 		}
 		if exists && !valid {
 			// What a failed CREATE INDEX CONCURRENTLY left behind: IF NOT EXISTS would keep it.
-			plan.statements = append(plan.statements, d.dropIndex(ix, true))
+			plan.statements = append(plan.statements, d.dropIndex(ix, online))
 		}
 		if !exists || !valid {
-			plan.statements = append(plan.statements, d.createIndex(ix, true, true))
+			plan.statements = append(plan.statements, d.createIndex(ix, online, true))
 		}
 		if ix.suffix == claimIndex.suffix {
 			// The pending index of earlier versions: the claim index does its work, and every insert
@@ -155,7 +223,7 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 			if exists, _, err := indexState(db, d.table, name); err != nil {
 				return plan, fmt.Errorf("look up index %s: %w", name, err)
 			} else if exists {
-				plan.statements = append(plan.statements, d.dropIndex(pendingIndex, true))
+				plan.statements = append(plan.statements, d.dropIndex(pendingIndex, online))
 			}
 		}
 	}
@@ -178,6 +246,20 @@ func (d ddl) plan(db *gorm.DB, cfg migrateConfig) (migrationPlan, error) {
 		if !set {
 			plan.statements = append(plan.statements, d.setLeaseDefaults(false))
 		}
+	}
+	if layout.Partitioned {
+		// PostgreSQL keeps no storage settings on a partitioned table: each partition has its own,
+		// given as it is made. The partitions of now and the next intervals, when the option asks.
+		if cfg.partitioned {
+			steps, _, err := d.partitioned().Plan(db.Statement.Context, db.Statement.ConnPool, layout, d.now)
+			if err != nil {
+				return plan, fmt.Errorf("plan the partitions: %w", err)
+			}
+			for _, st := range steps {
+				plan.statements = append(plan.statements, st.SQL...)
+			}
+		}
+		return plan, nil
 	}
 	missing, err := missingStorageOptions(db, d.table)
 	if err != nil {

@@ -271,14 +271,19 @@ func missingStorageOptions(db *gorm.DB, table string) ([]string, error) {
 		return nil, nil
 	}
 	var found struct {
-		Exists  bool
-		Options string
+		Exists      bool
+		Partitioned bool
+		Options     string
 	}
 	// Each part quoted, as GORM created it: an unquoted mixed-case name would be folded to lower case.
-	err := db.Raw(`SELECT to_regclass(?) IS NOT NULL AS exists, COALESCE((SELECT array_to_string(reloptions, ',')`+
-		` FROM pg_class WHERE oid = to_regclass(?)), '') AS options`, sqlname.PG(table), sqlname.PG(table)).Scan(&found).Error
+	err := db.Raw(`SELECT to_regclass(?) IS NOT NULL AS exists, COALESCE((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(?)), false) AS partitioned,`+
+		` COALESCE((SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = to_regclass(?)), '') AS options`,
+		sqlname.PG(table), sqlname.PG(table), sqlname.PG(table)).Scan(&found).Error
 	if err != nil {
 		return nil, fmt.Errorf("read storage options: %w", err)
+	}
+	if found.Partitioned {
+		return nil, nil // a partitioned table keeps none: each partition is given them as it is made
 	}
 	var set []string
 	for _, o := range pgStorageOptions {

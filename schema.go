@@ -3,9 +3,11 @@ package outboxplugin
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"gorm.io/gorm/schema"
 
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlname"
 )
 
@@ -173,7 +175,14 @@ type ddl struct {
 	dialect string
 	table   string // validated (sqlname.Valid), possibly schema-qualified
 	namer   schema.Namer
+	// partitions, when not zero, is the width of the partitions of a new table made partitioned
+	// (WithPartitions), and now the time its first partition holds.
+	partitions time.Duration
+	now        time.Time
 }
+
+// partitioned is the table as internal/partition manages it.
+func (d ddl) partitioned() partition.Table { return partition.NewTable(d.dialect, d.table) }
 
 // quote quotes a validated, possibly schema-qualified name.
 func (d ddl) quote(name string) string {
@@ -224,7 +233,7 @@ func (d ddl) createTable(version int, indexes []schemaIndex, ifNotExists bool) [
 		b.Reset()
 		b.WriteString(strings.TrimSuffix(s, ",\n") + "\n")
 	case dialectMySQL:
-		b.WriteString("\tPRIMARY KEY (id)")
+		b.WriteString("\tPRIMARY KEY (" + d.primaryKey() + ")")
 		for _, ix := range indexes {
 			if ix.applies(d.dialect) {
 				b.WriteString(",\n\tINDEX " + d.quote(ix.name(d.namer, d.table)) + " (" + ix.columns + ")")
@@ -232,9 +241,12 @@ func (d ddl) createTable(version int, indexes []schemaIndex, ifNotExists bool) [
 		}
 		b.WriteString("\n")
 	default:
-		b.WriteString("\tPRIMARY KEY (id)\n")
+		b.WriteString("\tPRIMARY KEY (" + d.primaryKey() + ")\n")
 	}
 	b.WriteString(")")
+	if d.partitions > 0 {
+		b.WriteString(" " + d.partitioned().PartitionBy(d.now, d.partitions))
+	}
 	if d.dialect != dialectMySQL {
 		for _, ix := range indexes {
 			if ix.applies(d.dialect) {
@@ -243,6 +255,16 @@ func (d ddl) createTable(version int, indexes []schemaIndex, ifNotExists bool) [
 		}
 	}
 	return append([]string{b.String()}, after...)
+}
+
+// primaryKey is the primary key's columns: a partitioned table's holds the column it is partitioned
+// by, as PostgreSQL and MySQL require of every unique key; id alone stays unique, as its sequence (or
+// AUTO_INCREMENT) gives it.
+func (d ddl) primaryKey() string {
+	if d.partitions > 0 {
+		return "id, created_at"
+	}
+	return "id"
 }
 
 // createIndex creates ix. online: on a table in use, without holding up its writes
@@ -389,13 +411,18 @@ func (d ddl) createCurrent(keyOrdering bool) []string {
 	} else {
 		stmts = d.createTable(latestSchemaVersion, nil, true)
 	}
-	if d.dialect == dialectPostgres {
+	if d.dialect == dialectPostgres && d.partitions == 0 {
 		stmts = append(stmts, d.setStorage(storageSettings()))
 	}
 	if d.dialect != dialectMySQL {
 		for _, ix := range indexes {
 			stmts = append(stmts, d.createIndex(ix, false, true))
 		}
+	}
+	if d.partitions > 0 {
+		// PostgreSQL: after the indexes, which each partition then gets as it is made; with the
+		// storage settings, which a partitioned table does not keep.
+		stmts = append(stmts, d.partitioned().NewPartitions(d.now, d.partitions, storageSettings())...)
 	}
 	return stmts
 }
@@ -404,7 +431,10 @@ func (d ddl) createCurrent(keyOrdering bool) []string {
 // empty; schema-qualified names are accepted) as AutoMigrate creates it on an empty database, for the
 // database dialect ("postgres", "mysql" or "sqlite", as GORM's dialectors name themselves; "mariadb"
 // is taken for "mysql"): the table, its indexes and PostgreSQL's storage settings, and with
-// WithKeyOrderingIndex the per-key ordering index. The statements run in one transaction on
+// WithKeyOrderingIndex the per-key ordering index. With WithPartitions, the table is partitioned,
+// with its first partitions: those of the current interval and the next two, at the time SchemaSQL
+// is called (run as a migration later, the relay's maintenance makes the ones missing by then;
+// until it does, writes land in the default partition). The statements run in one transaction on
 // PostgreSQL and SQLite; each is a no-op on a table that exists. To upgrade a table of an earlier
 // version, see MigrationFiles. It reads no database.
 func SchemaSQL(dialect, table string, opts ...MigrateOption) ([]string, error) {
@@ -412,11 +442,9 @@ func SchemaSQL(dialect, table string, opts ...MigrateOption) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cfg migrateConfig
-	for _, o := range opts {
-		if o != nil {
-			o(&cfg)
-		}
+	cfg := newMigrateConfig(opts)
+	if err := d.partitionWith(cfg); err != nil {
+		return nil, err
 	}
 	return d.createCurrent(cfg.keyOrdering), nil
 }

@@ -2,9 +2,11 @@ package relay
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
 )
 
@@ -61,54 +63,122 @@ func Maintain(ctx context.Context, tasks ...Task) {
 // CleanupChunk is how many rows one statement of a cleanup deletes.
 const CleanupChunk = 1000
 
-// Cleanup deletes processed events created before cutoff, CleanupChunk rows per statement, so that no
-// statement locks much of the table, and returns how many it deleted. Dead and pending events are
-// never deleted.
+// Cleanup deletes processed events created before cutoff and returns how many it deleted (see
+// CleanupReport).
+func Cleanup(ctx context.Context, s *store.Store, cutoff time.Time, exclusive bool) (deleted int64, ran bool, err error) {
+	r, err := CleanupReport(ctx, s, time.Now(), cutoff, exclusive)
+	return r.Deleted, r.Ran, err
+}
+
+// Report is what a cleanup did.
+type Report struct {
+	// Deleted is how many rows it deleted: on a partitioned table, the rows of the partitions it
+	// dropped as the catalog estimated them, and those it deleted from the default partition.
+	Deleted int64
+	// Ran is false when another relay held the cleanup lock.
+	Ran bool
+	// Partitions is what the partitions' maintenance did and found (nil for a table that is not
+	// partitioned).
+	Partitions *partition.Result
+}
+
+// CleanupReport deletes processed events created before cutoff. Dead and pending events are never
+// deleted. On a table that is not partitioned it deletes their rows, CleanupChunk per statement, so
+// that no statement locks much of the table. On a partitioned one (internal/partition) it makes the
+// partitions the table lacks at now and drops those whose range ended before cutoff and that hold no
+// unfinished event: whole partitions, never their rows (but for the default partition's).
 //
 // Exclusive is the periodic cleanup of Run: with several relays on one table only one cleans at a
 // time. It holds a lock of the database's own for the cleanup's duration — pg_try_advisory_lock on
 // PostgreSQL, GET_LOCK on MySQL/MariaDB, both tied to the connection, so a relay that dies mid-cleanup
-// lets go of it — and does nothing (ran false) when another relay holds it. (SQLite serialises
+// lets go of it — and does nothing (Ran false) when another relay holds it. (SQLite serialises
 // writers anyway: there it takes no lock.) It pauses between chunks for as long as the chunk took, so
 // that a table with months of processed rows costs the database at most half of one connection's
 // time while the backlog of deletions lasts.
-func Cleanup(ctx context.Context, s *store.Store, cutoff time.Time, exclusive bool) (deleted int64, ran bool, err error) {
-	conn, err := s.DB().Conn(ctx)
-	if err != nil {
-		return 0, false, err
+func CleanupReport(ctx context.Context, s *store.Store, now, cutoff time.Time, exclusive bool) (Report, error) {
+	var r Report
+	conn, release, got, err := lockedConn(ctx, s, exclusive)
+	if err != nil || !got {
+		return r, err
 	}
-	defer conn.Close()
-	if exclusive {
-		release, got, err := s.TryCleanupLock(ctx, conn)
+	defer release()
+	r.Ran = true
+	if t, ok := s.Partitions(); ok {
+		l, err := t.Read(ctx, conn)
 		if err != nil {
-			return 0, false, fmt.Errorf("cleanup lock: %w", err)
+			return r, fmt.Errorf("read the partitions: %w", err)
 		}
-		if !got {
-			return 0, false, nil // another relay is cleaning the table
+		if l.Partitioned {
+			res, err := t.Maintain(ctx, conn, now, cutoff, true)
+			r.Partitions = &res
+			r.Deleted = res.DroppedRows + res.DefaultDeleted
+			return r, err
 		}
-		defer release()
 	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return deleted, true, err
+			return r, err
 		}
 		start := time.Now()
 		n, err := s.CleanupChunk(ctx, conn, cutoff, CleanupChunk)
-		deleted += n
+		r.Deleted += n
 		if err != nil {
-			return deleted, true, err
+			return r, err
 		}
 		if n < CleanupChunk {
-			return deleted, true, nil
+			return r, nil
 		}
 		if exclusive { // Run's cleanup: leave the database as much time as the chunk took
 			timer := time.NewTimer(time.Since(start))
 			select {
 			case <-ctx.Done():
 				timer.Stop()
-				return deleted, true, ctx.Err()
+				return r, ctx.Err()
 			case <-timer.C:
 			}
 		}
 	}
+}
+
+// MakePartitions makes the partitions a partitioned table lacks at now, under the cleanup lock (ran
+// false when another relay holds it): what a relay without a periodic cleanup still does, so that its
+// writes never land in the default partition. partitioned is false for a table that is not (nothing
+// is done).
+func MakePartitions(ctx context.Context, s *store.Store, now time.Time) (res partition.Result, partitioned, ran bool, err error) {
+	t, ok := s.Partitions()
+	if !ok {
+		return res, false, false, nil
+	}
+	l, err := t.Read(ctx, s.DB())
+	if err != nil || !l.Partitioned {
+		return res, false, false, err
+	}
+	conn, release, got, err := lockedConn(ctx, s, true)
+	if err != nil || !got {
+		return res, true, false, err
+	}
+	defer release()
+	res, err = t.Maintain(ctx, conn, now, time.Time{}, false)
+	return res, true, true, err
+}
+
+// lockedConn takes a connection of s's pool and, when exclusive, the cleanup lock on it; got is false
+// (and nothing is held) when another relay holds the lock. release lets go of both.
+func lockedConn(ctx context.Context, s *store.Store, exclusive bool) (conn *sql.Conn, release func(), got bool, err error) {
+	conn, err = s.DB().Conn(ctx)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if !exclusive {
+		return conn, func() { conn.Close() }, true, nil
+	}
+	unlock, got, err := s.TryCleanupLock(ctx, conn)
+	if err != nil || !got {
+		conn.Close()
+		if err != nil {
+			err = fmt.Errorf("cleanup lock: %w", err)
+		}
+		return nil, nil, false, err
+	}
+	return conn, func() { unlock(); conn.Close() }, true, nil
 }

@@ -30,14 +30,23 @@ const pgRowMatch = `ctid = ANY(?::tid[]) AND id = ANY(?::bigint[])`
 func (d *pgRelay) build(q *Store, p claimParts) {
 	claim := strings.Replace(p.stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
 		`ctid = ANY(ARRAY(` + p.pickUnion("ctid") + `)) RETURNING ` + returnedColumns + `, ctid::text`
-	d.claimUpdate = d.bind(`WITH ` + pgAsyncCommit + ` ` + claim)
+	with := `WITH ` + pgAsyncCommit
+	if q.partitioned {
+		// A partitioned table's ctids are its partitions': the same ctid can address a row in each. The
+		// rows picked are matched by their id too (which the table's sequence keeps unique), each
+		// partition still read by a TID scan.
+		with += `, relay_pick AS MATERIALIZED (` + p.pickUnion("ctid, id") + `)`
+		claim = strings.Replace(p.stamp, " WHERE ", " FROM relay_async WHERE ", 1) +
+			`ctid = ANY(ARRAY(SELECT ctid FROM relay_pick)) AND id = ANY(ARRAY(SELECT id FROM relay_pick)) RETURNING ` + returnedColumns + `, ctid::text`
+	}
+	d.claimUpdate = d.bind(with + ` ` + claim)
 	// The previous batch is marked done in the same statement. Its rows are leased to this worker, so
 	// the claim's subquery (which sees the table as it was before the statement) does not pick them
 	// again. Each claimed row comes with -1 before its columns; one more row carries the number of
 	// rows the mark found still leased to the worker (fewer than the batch: leases lost), with
 	// placeholders of the claimed rows' types in the other columns.
 	marked := func(done string) string {
-		return d.bind(`WITH ` + pgAsyncCommit + `, done AS (` + done + ` WHERE ` + pgRowMatch + ` AND locked_by = ? RETURNING 1), ` +
+		return d.bind(with + `, done AS (` + done + ` WHERE ` + pgRowMatch + ` AND locked_by = ? RETURNING 1), ` +
 			`claimed AS (` + claim + `) SELECT -1, claimed.* FROM claimed UNION ALL ` +
 			`SELECT count(*), 0, '', '', '', '', NULL, NULL, NULL, 0, NULL, '' FROM done`)
 	}

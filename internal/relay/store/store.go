@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
 )
 
 // The relay's SQL, per database, in one place. The text is built once per worker, with the dialect's
@@ -46,12 +47,17 @@ import (
 // publish still running then is cut short (internal/relay's lease.go): a relay that got a claim's answer late, or
 // that cannot renew, never publishes rows another relay may have taken over.
 type Store struct {
-	d     relayDialect
-	table string // quoted
-	db    *sql.DB
+	d       relayDialect
+	table   string // quoted
+	name    string // as given: validated, possibly schema-qualified
+	dialect string // GORM's name of the database
+	db      *sql.DB
 
 	keyOrdering bool
 	batchSize   int
+	// partitioned: the table is partitioned (PostgreSQL; set by ready), which the claim's way of
+	// addressing rows by their place must know.
+	partitioned bool
 
 	// history is how many failed attempts a row's attempt_history keeps (0: none is written), and
 	// historySet the assignment that appends one, bound to a JSON entry (HistoryEntry; the root package's history.go).
@@ -233,7 +239,7 @@ func New(db *gorm.DB, table string, keyOrdering bool, batchSize, history int, le
 		m.db = sqlDB // literal's probe of how the driver sends times
 	}
 	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
-	q := &Store{d: d, table: stmt.Quote(table), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history,
+	q := &Store{d: d, table: stmt.Quote(table), name: table, dialect: db.Dialector.Name(), db: sqlDB, keyOrdering: keyOrdering, batchSize: batchSize, history: history,
 		lease: lease, gdb: db}
 	if history > 0 {
 		q.historySet = `attempt_history = ` + d.appendHistory(history-1, d.jsonParam()) + `, `
@@ -258,6 +264,12 @@ func (q *Store) ready(ctx context.Context) error {
 		return fmt.Errorf("read how the database's times are sent: %w", err)
 	}
 	q.clock = clock
+	if _, ok := q.d.(*pgRelay); ok {
+		if err := q.db.QueryRowContext(ctx, `SELECT COALESCE((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`,
+			q.table).Scan(&q.partitioned); err != nil {
+			return fmt.Errorf("read whether the table is partitioned: %w", err)
+		}
+	}
 	q.buildClaim()
 	q.built = true
 	return nil
@@ -873,6 +885,15 @@ func (q *Store) Requeue(ctx context.Context, messageIDs []string) (int64, error)
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+// Partitions is the table as internal/partition reads and maintains it, on the databases that
+// partition it (PostgreSQL, MySQL/MariaDB): whether it is partitioned is the catalog's to say.
+func (q *Store) Partitions() (partition.Table, bool) {
+	if q.dialect != partition.Postgres && q.dialect != partition.MySQL {
+		return partition.Table{}, false
+	}
+	return partition.NewTable(q.dialect, q.name), true
 }
 
 // DB is the pool the store's statements run on.

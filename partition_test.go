@@ -1,0 +1,316 @@
+package outboxplugin_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outboxplugin"
+)
+
+// The partitioned outbox (WithPartitions) on PostgreSQL and MariaDB: made by AutoMigrate, kept by the
+// relay's maintenance, retired by dropping whole partitions.
+
+// partitionDBs runs fn on the servers that partition the outbox.
+func partitionDBs(t *testing.T, fn func(t *testing.T, d dialect)) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		if d.name == "sqlite" {
+			t.Skip("SQLite has no partitions")
+		}
+		fn(t, d)
+	})
+}
+
+// setupPartitioned makes the outbox table partitioned by day, with its first partitions those of
+// now's day and the next two.
+func setupPartitioned(t *testing.T, d dialect, now time.Time) *gorm.DB {
+	t.Helper()
+	db := setupGormTable(t, d, nil)
+	plain := db.Session(&gorm.Session{NewDB: true})
+	require.NoError(t, plain.Migrator().DropTable(&outboxplugin.OutboxEvent{}))
+	require.NoError(t, outboxplugin.AutoMigrate(plain, outboxplugin.WithPartitions(0), outboxplugin.WithMigrateNow(now)))
+	t.Cleanup(func() {
+		require.NoError(t, plain.Migrator().DropTable(&outboxplugin.OutboxEvent{}), "drop the partitioned table")
+	})
+	return db
+}
+
+// partitionNames lists the outbox table's partitions, as the catalog has them, sorted.
+func partitionNames(t *testing.T, db *gorm.DB, d dialect) []string {
+	t.Helper()
+	var names []string
+	q := db.Session(&gorm.Session{NewDB: true})
+	if d.server() == "postgres" {
+		require.NoError(t, q.Raw(`SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox_events'::regclass`).Scan(&names).Error)
+	} else {
+		require.NoError(t, q.Raw(`SELECT partition_name FROM information_schema.partitions WHERE table_schema = DATABASE() AND table_name = 'outbox_events' AND partition_name IS NOT NULL`).Scan(&names).Error)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// dayName is the partition of the day that holds at.
+func dayName(d dialect, at time.Time) string {
+	day := at.UTC().Format("20060102")
+	if d.server() == "postgres" {
+		return "outbox_events_p" + day
+	}
+	return "p" + day
+}
+
+func defaultName(d dialect) string {
+	if d.server() == "postgres" {
+		return "outbox_events_default"
+	}
+	return "pmax"
+}
+
+// putEvent writes an outbox row as of created_at, in the state given.
+func putEvent(t *testing.T, db *gorm.DB, eventType string, createdAt time.Time, state string) outboxplugin.OutboxEvent {
+	t.Helper()
+	e := outboxplugin.OutboxEvent{MessageID: fmt.Sprintf("%s-%d", eventType, createdAt.UnixNano()), EventType: eventType,
+		Payload: []byte(`{}`), CreatedAt: createdAt}
+	switch state {
+	case "processed":
+		e.Processed = true
+		now := time.Now().UTC()
+		e.ProcessedAt = &now
+	case "dead":
+		now := time.Now().UTC()
+		e.DeadAt = &now
+		e.Attempts = 5
+	}
+	require.NoError(t, db.Session(&gorm.Session{NewDB: true}).Create(&e).Error)
+	return e
+}
+
+// A day at a time: AutoMigrate makes the first days, the maintenance the next ones, and the drop
+// takes only days whose every event is finished. A day that holds a pending or a dead event is kept
+// past the retention until it is published or discarded. What no partition covers lands in the
+// default partition, and is reported.
+func TestPartitionedOutboxLifecycle(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		ctx := context.Background()
+		real := time.Now().UTC()
+		day0 := real.Add(-10 * 24 * time.Hour).Truncate(24 * time.Hour)
+		db := setupPartitioned(t, d, day0.Add(12*time.Hour))
+		day := func(i int) time.Time { return day0.Add(time.Duration(i) * 24 * time.Hour) }
+		assert.Equal(t, []string{dayName(d, day(0)), dayName(d, day(1)), dayName(d, day(2)), defaultName(d)}, sortedWithDefaultLast(partitionNames(t, db, d), d))
+
+		// AutoMigrate on the made table runs nothing, with the option or without it.
+		plain := db.Session(&gorm.Session{NewDB: true})
+		stmts, err := outboxplugin.PlanMigration(plain, outboxplugin.WithPartitions(0), outboxplugin.WithMigrateNow(day0.Add(12*time.Hour)))
+		require.NoError(t, err)
+		assert.Empty(t, stmts)
+		stmts, err = outboxplugin.PlanMigration(plain)
+		require.NoError(t, err)
+		assert.Empty(t, stmts)
+		warnings, err := newTestAdmin(t, db).CheckTable(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, warnings, "a partitioned table lacks nothing")
+
+		for i := 0; i < 3; i++ {
+			for j := 0; j < 3; j++ {
+				putEvent(t, db, "done", day(i).Add(time.Duration(j+1)*time.Hour), "processed")
+			}
+		}
+		pending := putEvent(t, db, "pending", day(0).Add(5*time.Hour), "pending")
+		dead := putEvent(t, db, "dead", day(1).Add(5*time.Hour), "dead")
+		stray := putEvent(t, db, "stray", real, "pending") // today: no partition covers it yet
+
+		w := newWorker(t, db, newRecorder())
+		at := day(3).Add(time.Hour)
+		res, err := outboxplugin.PartitionTurn(ctx, w, at, 24*time.Hour, true)
+		require.NoError(t, err)
+		assert.Equal(t, []string{dayName(d, day(3)), dayName(d, day(4)), dayName(d, day(5))}, res.Created)
+		assert.Empty(t, res.Dropped, "day 0 holds a pending event, day 1 a dead one; day 2 is within the retention")
+		require.Len(t, res.Kept, 2)
+		assert.Equal(t, dayName(d, day(0)), res.Kept[0].Name)
+		assert.EqualValues(t, 1, res.Kept[0].Pending)
+		assert.Equal(t, dayName(d, day(1)), res.Kept[1].Name)
+		assert.EqualValues(t, 1, res.Kept[1].Dead)
+		assert.EqualValues(t, 1, res.DefaultRows, "today's event is in the default partition")
+
+		// The relay publishes across the partitions: the pending event of day 0 and today's.
+		rec := newRecorder()
+		w = newWorker(t, db, rec)
+		n, err := w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		assert.ElementsMatch(t, []string{pending.MessageID, stray.MessageID}, messageIDs(rec.published()))
+
+		res, err = outboxplugin.PartitionTurn(ctx, w, at, 24*time.Hour, true)
+		require.NoError(t, err)
+		assert.Equal(t, []string{dayName(d, day(0))}, res.Dropped, "day 0's events are all processed now")
+		require.Len(t, res.Kept, 1, "day 1's dead event keeps it")
+
+		discarded, err := newTestAdmin(t, db).Discard(ctx, dead.MessageID)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, discarded)
+		res, err = outboxplugin.PartitionTurn(ctx, w, at, 24*time.Hour, true)
+		require.NoError(t, err)
+		assert.Equal(t, []string{dayName(d, day(1))}, res.Dropped)
+		assert.Empty(t, res.Kept)
+		assert.EqualValues(t, 3, countType(t, db, "done"), "day 2's events are kept: within the retention")
+
+		// Today: on PostgreSQL the default partition holds a row of today's range, so today's partition
+		// is not made (its rows would have to move); tomorrow's are. On MariaDB the MAXVALUE partition is
+		// split, its row moved into today's.
+		res, err = outboxplugin.PartitionTurn(ctx, w, real, 24*time.Hour, true)
+		require.NoError(t, err)
+		if d.server() == "postgres" {
+			assert.Equal(t, []string{dayName(d, real)}, res.Skipped)
+			assert.Equal(t, []string{dayName(d, real.Add(24*time.Hour)), dayName(d, real.Add(48*time.Hour))}, res.Created)
+			assert.EqualValues(t, 1, res.DefaultRows)
+		} else {
+			assert.Contains(t, res.Created, dayName(d, real))
+			assert.Zero(t, res.DefaultRows)
+		}
+		assert.Contains(t, res.Dropped, dayName(d, day(2)), "past the retention now")
+		assert.EqualValues(t, 1, countType(t, db, "stray"))
+	})
+}
+
+func sortedWithDefaultLast(names []string, d dialect) []string {
+	var out []string
+	for _, n := range names {
+		if n != defaultName(d) {
+			out = append(out, n)
+		}
+	}
+	return append(out, defaultName(d))
+}
+
+func messageIDs(msgs []outboxplugin.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.ID
+	}
+	return out
+}
+
+// On PostgreSQL a ctid addresses a row within its partition: each partition's first row is (0,1). A
+// claim must take the rows it picked, not every row at their places: here the first row of day 0 is
+// processed and the first of day 1 pending, at the same ctid.
+func TestPartitionedClaimTakesOnlyItsRows(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		ctx := context.Background()
+		now := time.Now().UTC()
+		db := setupPartitioned(t, d, now.Add(-24*time.Hour))
+		yesterday := now.Add(-24 * time.Hour)
+		done := putEvent(t, db, "done", yesterday, "processed")
+		want := putEvent(t, db, "fresh", now, "pending")
+		if d.server() == "postgres" {
+			var ctids []string
+			require.NoError(t, db.Raw(`SELECT ctid::text FROM outbox_events ORDER BY id`).Scan(&ctids).Error)
+			require.Equal(t, []string{"(0,1)", "(0,1)"}, ctids, "the two rows share their place, each in its partition")
+		}
+		rec := newRecorder()
+		w := newWorker(t, db, rec)
+		n, err := w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 1, n)
+		assert.Equal(t, []string{want.MessageID}, messageIDs(rec.published()))
+		after := outboxRow(t, db, done.MessageID)
+		assert.Equal(t, done.Attempts, after.Attempts, "the processed row was not claimed")
+		assert.Nil(t, after.LockedUntil)
+	})
+}
+
+// Relays and the maintenance together: while two relays publish and writers write through the
+// plugin, one turn after another makes days ahead and drops days past the retention. No write fails,
+// and every event is published exactly once (the drops take only finished days).
+func TestPartitionMaintenanceBesideWritersAndRelays(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		ctx := context.Background()
+		now := time.Now().UTC()
+		start := now.Add(-40 * 24 * time.Hour)
+		db := setupPartitioned(t, d, start)
+		rec := newRecorder()
+		// Today's partition and the next two, for the writers; the days from start on are the
+		// maintenance's to make and drop.
+		maint := newWorker(t, db, newRecorder())
+		_, err := outboxplugin.PartitionTurn(ctx, maint, now, 24*time.Hour, false)
+		require.NoError(t, err)
+		stop := runWorkers(t, 2, func() *outboxplugin.Worker {
+			return newWorker(t, db, rec, outboxplugin.WithPollInterval(5*time.Millisecond), outboxplugin.WithoutListen())
+		})
+		defer stop()
+
+		var written, failed atomic.Int64
+		var firstErr atomic.Value
+		writers, done := sync.WaitGroup{}, make(chan struct{})
+		for i := 0; i < 4; i++ {
+			writers.Add(1)
+			go func() {
+				defer writers.Done()
+				for {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if err := db.Create(&User{Name: "w"}).Error; err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+						continue
+					}
+					written.Add(1)
+				}
+			}()
+		}
+		var created, dropped int
+		var cutoff time.Time
+		for i := 0; i < 30; i++ {
+			at := start.Add(time.Duration(i) * 24 * time.Hour)
+			putEvent(t, db, "old", at.Add(time.Hour), "processed")
+			res, err := outboxplugin.PartitionTurn(ctx, maint, at, 48*time.Hour, true)
+			require.NoError(t, err)
+			created += len(res.Created)
+			dropped += len(res.Dropped)
+			assert.Empty(t, res.Kept)
+			assert.Empty(t, res.Busy)
+			cutoff = at.Add(-48 * time.Hour)
+		}
+		close(done)
+		writers.Wait()
+		assert.Zero(t, failed.Load(), "no write fails during the maintenance: %v", firstErr.Load())
+		require.Eventually(t, func() bool { return int64(rec.distinct()) == written.Load() }, 60*time.Second, 20*time.Millisecond)
+		stop()
+		assert.Equal(t, int(written.Load()), rec.distinct())
+		assert.Equal(t, rec.distinct(), len(rec.published()), "each event published once")
+		assert.Positive(t, written.Load())
+		if d.server() == "postgres" {
+			assert.Equal(t, 29, created, "a day a turn, after the three AutoMigrate made")
+		}
+		// Every day that ended before the last turn's cutoff is gone, and only those: a day a turn.
+		gone := int(cutoff.Sub(start.Truncate(24*time.Hour)) / (24 * time.Hour)) // whole days before the cutoff
+		assert.Equal(t, gone, dropped)
+		assert.Greater(t, dropped, 20)
+		for _, name := range partitionNames(t, db, d) {
+			if name == defaultName(d) {
+				continue
+			}
+			stamp := name[strings.LastIndex(name, "p")+1:]
+			first, err := time.Parse("20060102", stamp)
+			require.NoError(t, err, name)
+			assert.False(t, first.Add(24*time.Hour).Before(cutoff) || first.Add(24*time.Hour).Equal(cutoff), "%s ended before the cutoff %v", name, cutoff)
+		}
+	})
+}
+
+func newTestAdmin(t *testing.T, db *gorm.DB) *outboxplugin.Admin {
+	t.Helper()
+	a, err := outboxplugin.NewAdmin(db)
+	require.NoError(t, err)
+	return a
+}
