@@ -59,7 +59,19 @@ func TestClaimPlanReadsTheClaimIndex(t *testing.T) {
 				var lines []string
 				require.NoError(t, f.db.Raw("EXPLAIN "+r.SQL, r.Args...).Pluck("QUERY PLAN", &lines).Error)
 				plan := strings.Join(lines, "\n")
-				require.Contains(t, plan, "idx_"+table+"_claim", "the claim reads the claim index:\n%s", plan)
+				if f.partitioned {
+					// Each partition's own claim index (named after its partition), merged in order:
+					// the rows are in the default partition, the others are empty (which the planner
+					// reads whole, for nothing).
+					require.Regexp(t, `Index (Only )?Scan using \S+_processed_dead_at_next_attempt_at_\S+ on `+table+`_default`, plan, "the claim reads the default partition's claim index:\n%s", plan)
+					require.Contains(t, plan, "Merge Append", "the partitions' runs merged in the index's order:\n%s", plan)
+					require.NotRegexp(t, `->\s+(Incremental )?Sort `, plan, "the claim sorts nothing:\n%s", plan)
+					require.NotContains(t, plan, "Seq Scan on "+table+"_default", "the claim scans no table:\n%s", plan)
+					continue
+				}
+				{
+					require.Contains(t, plan, "idx_"+table+"_claim", "the claim reads the claim index:\n%s", plan)
+				}
 				require.NotContains(t, plan, "Sort", "the claim sorts nothing:\n%s", plan)
 				require.NotContains(t, plan, "Seq Scan on "+table, "the claim scans no table:\n%s", plan)
 				continue
@@ -84,7 +96,7 @@ func TestClaimPlanReadsTheClaimIndex(t *testing.T) {
 						row[c] = fmt.Sprint(vals[i])
 					}
 				}
-				if row["table"] != "c" {
+				if !strings.HasPrefix(row["table"], "c") { // MariaDB names a partitioned table's in "partitions"
 					continue // the union's result
 				}
 				seen++

@@ -33,19 +33,36 @@ type fixture struct {
 	db    *gorm.DB
 	sqlDB *sql.DB
 	name  string
-	ids   map[string]int64 // row id by message id
+	// partitioned: the table is partitioned (WithPartitions).
+	partitioned bool
+	ids         map[string]int64 // row id by message id
 }
 
 // forEachDB runs fn on each database with an empty outbox table.
+//
+// On PostgreSQL and MariaDB each case also runs on a table partitioned by hour (WithPartitions):
+// the hour of the test's start and the next two have partitions, and anything older lands in the
+// default partition, so that a case's rows lie in several partitions.
 func forEachDB(t *testing.T, fn func(t *testing.T, f *fixture)) {
 	for _, tg := range testdb.Databases() {
-		t.Run(tg.Name, func(t *testing.T) {
-			db := tg.OpenDB(t, tg.NewDatabase(t, prefix))
-			require.NoError(t, outboxplugin.AutoMigrate(db))
-			sqlDB, err := db.DB()
-			require.NoError(t, err)
-			fn(t, &fixture{db: db, sqlDB: sqlDB, name: tg.Name, ids: map[string]int64{}})
-		})
+		for _, partitioned := range []bool{false, true} {
+			name := tg.Name
+			var opts []outboxplugin.MigrateOption
+			if partitioned {
+				if tg.Server == nil {
+					continue // SQLite has no partitions
+				}
+				name += "_partitioned"
+				opts = append(opts, outboxplugin.WithPartitions(time.Hour))
+			}
+			t.Run(name, func(t *testing.T) {
+				db := tg.OpenDB(t, tg.NewDatabase(t, prefix))
+				require.NoError(t, outboxplugin.AutoMigrate(db, opts...))
+				sqlDB, err := db.DB()
+				require.NoError(t, err)
+				fn(t, &fixture{db: db, sqlDB: sqlDB, name: tg.Name, partitioned: partitioned, ids: map[string]int64{}})
+			})
+		}
 	}
 }
 
