@@ -127,6 +127,12 @@ func TestPartitionedOutboxLifecycle(t *testing.T) {
 		dead := putEvent(t, db, "dead", day(1).Add(5*time.Hour), "dead")
 		stray := putEvent(t, db, "stray", real, "pending") // today: no partition covers it yet
 
+		stats, err := newTestAdmin(t, db).Stats(ctx)
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, stats.Pending, "across the partitions")
+		assert.EqualValues(t, 1, stats.Dead)
+		assert.EqualValues(t, 9, stats.Processed)
+
 		w := newWorker(t, db, newRecorder())
 		at := day(3).Add(time.Hour)
 		res, err := outboxplugin.PartitionTurn(ctx, w, at, 24*time.Hour, true)
@@ -313,4 +319,127 @@ func newTestAdmin(t *testing.T, db *gorm.DB) *outboxplugin.Admin {
 	a, err := outboxplugin.NewAdmin(db)
 	require.NoError(t, err)
 	return a
+}
+
+// The statements of a partitioned table, as SchemaSQL prints them for a migration of one's own.
+func TestSchemaSQLPartitioned(t *testing.T) {
+	now := time.Date(2026, 12, 7, 15, 4, 5, 0, time.UTC)
+	pg, err := outboxplugin.SchemaSQL("postgres", "", outboxplugin.WithPartitions(0), outboxplugin.WithMigrateNow(now))
+	require.NoError(t, err)
+	all := strings.Join(pg, ";\n")
+	assert.Contains(t, pg[0], "PRIMARY KEY (id, created_at)")
+	assert.True(t, strings.HasSuffix(pg[0], ") PARTITION BY RANGE (created_at)"), pg[0])
+	assert.NotContains(t, all, `ALTER TABLE "outbox_events" SET`, "a partitioned table keeps no storage settings")
+	storage := " WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000)"
+	assert.Contains(t, pg, `CREATE TABLE IF NOT EXISTS "outbox_events_default" PARTITION OF "outbox_events" DEFAULT`+storage)
+	for _, day := range [][2]string{{"07", "08"}, {"08", "09"}, {"09", "10"}} {
+		day, next := day[0], day[1]
+		assert.Contains(t, pg, `CREATE TABLE IF NOT EXISTS "outbox_events_p202612`+day+`" PARTITION OF "outbox_events" FOR VALUES FROM ('2026-12-`+day+
+			` 00:00:00+00') TO ('2026-12-`+next+` 00:00:00+00')`+storage)
+	}
+	claimAt, defaultAt := -1, -1
+	for i, s := range pg {
+		if strings.Contains(s, "idx_outbox_events_claim") {
+			claimAt = i
+		}
+		if strings.Contains(s, "outbox_events_default") {
+			defaultAt = i
+		}
+	}
+	assert.Less(t, claimAt, defaultAt, "the indexes first: each partition gets them as it is made")
+
+	my, err := outboxplugin.SchemaSQL("mysql", "audit.events", outboxplugin.WithPartitions(6*time.Hour), outboxplugin.WithMigrateNow(now))
+	require.NoError(t, err)
+	require.Len(t, my, 1)
+	assert.Contains(t, my[0], "PRIMARY KEY (id, created_at)")
+	assert.Contains(t, my[0], "PARTITION BY RANGE COLUMNS(created_at) (\n"+
+		"\tPARTITION `p2026120712` VALUES LESS THAN ('2026-12-07 18:00:00'),\n"+
+		"\tPARTITION `p2026120718` VALUES LESS THAN ('2026-12-08 00:00:00'),\n"+
+		"\tPARTITION `p2026120800` VALUES LESS THAN ('2026-12-08 06:00:00'),\n"+
+		"\tPARTITION `pmax` VALUES LESS THAN (MAXVALUE)\n)")
+
+	for _, bad := range []struct {
+		dialect, table string
+		every          time.Duration
+		want           error
+	}{
+		{"sqlite", "", 0, outboxplugin.ErrInvalidOption},
+		{"postgres", "", 90 * time.Minute, outboxplugin.ErrInvalidOption},
+		{"mysql", "", -time.Hour, outboxplugin.ErrInvalidOption},
+		{"postgres", strings.Repeat("x", 55), 0, outboxplugin.ErrInvalidTableName},
+	} {
+		_, err := outboxplugin.SchemaSQL(bad.dialect, bad.table, outboxplugin.WithPartitions(bad.every))
+		assert.ErrorIs(t, err, bad.want, "%+v", bad)
+	}
+}
+
+// AutoMigrate with WithPartitions on a table that is not partitioned refuses, and changes nothing;
+// on a partitioned table it makes the partitions it lacks at the time, and nothing else.
+func TestAutoMigratePartitionsExistingTables(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		db := setup(t, d, nil)
+		plain := db.Session(&gorm.Session{NewDB: true})
+		err := outboxplugin.AutoMigrate(plain, outboxplugin.WithPartitions(0))
+		require.ErrorIs(t, err, outboxplugin.ErrNotPartitioned)
+		assert.Empty(t, partitionNames(t, db, d), "nothing changed")
+
+		now := time.Now().UTC()
+		db = setupPartitioned(t, d, now.Add(-5*24*time.Hour))
+		plain = db.Session(&gorm.Session{NewDB: true})
+		stmts, err := outboxplugin.PlanMigration(plain, outboxplugin.WithPartitions(0), outboxplugin.WithMigrateNow(now))
+		require.NoError(t, err)
+		require.NotEmpty(t, stmts)
+		require.NoError(t, outboxplugin.AutoMigrate(plain, outboxplugin.WithPartitions(0), outboxplugin.WithMigrateNow(now)))
+		names := partitionNames(t, db, d)
+		for i := 0; i <= 2; i++ {
+			assert.Contains(t, names, dayName(d, now.Add(time.Duration(i)*24*time.Hour)))
+		}
+		stmts, err = outboxplugin.PlanMigration(plain, outboxplugin.WithPartitions(0), outboxplugin.WithMigrateNow(now))
+		require.NoError(t, err)
+		assert.Empty(t, stmts, "made once")
+	})
+}
+
+// A relay without a periodic cleanup still makes a partitioned table's next partitions: writes must
+// not land in the default partition because nobody asked for a cleanup.
+func TestRelayWithoutCleanupMakesPartitions(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		now := time.Now().UTC()
+		db := setupPartitioned(t, d, now.Add(-5*24*time.Hour))
+		require.NotContains(t, partitionNames(t, db, d), dayName(d, now))
+		stop := runWorkers(t, 1, func() *outboxplugin.Worker {
+			return newWorker(t, db, newRecorder(), outboxplugin.WithPollInterval(10*time.Millisecond), outboxplugin.WithoutListen())
+		})
+		defer stop()
+		require.Eventually(t, func() bool {
+			names := partitionNames(t, db, d)
+			for i := 0; i <= 2; i++ {
+				if !contains(names, dayName(d, now.Add(time.Duration(i)*24*time.Hour))) {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 50*time.Millisecond, "today's partition and the next two")
+		require.NoError(t, db.Create(&User{Name: "today"}).Error)
+		var inDefault int64
+		require.NoError(t, db.Raw(`SELECT COUNT(*) FROM `+partitionRef(d, defaultName(d))).Scan(&inDefault).Error)
+		assert.Zero(t, inDefault)
+	})
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// partitionRef names one partition's rows in a FROM clause.
+func partitionRef(d dialect, name string) string {
+	if d.server() == "postgres" {
+		return "ONLY " + name
+	}
+	return "outbox_events PARTITION (" + name + ")"
 }
