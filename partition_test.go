@@ -3,6 +3,7 @@ package outboxplugin_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -442,4 +443,108 @@ func partitionRef(d dialect, name string) string {
 		return "ONLY " + name
 	}
 	return "outbox_events PARTITION (" + name + ")"
+}
+
+// docBlock returns the SQL block of docs/operations.md that starts with the comment line marker, with
+// the example's dates moved to the cutover given, one statement per element (comments left out).
+func docBlock(t *testing.T, marker string, cutover time.Time) []string {
+	t.Helper()
+	b, err := os.ReadFile("docs/operations.md")
+	require.NoError(t, err)
+	doc := string(b)
+	i := strings.Index(doc, "```sql\n-- "+marker+"\n")
+	require.GreaterOrEqual(t, i, 0, "docs/operations.md has no block %q", marker)
+	block := doc[i+len("```sql\n") : i+strings.Index(doc[i:], "\n```")]
+	var pairs []string
+	for k := 0; k < 4; k++ {
+		example := time.Date(2026, 12, 9+k, 0, 0, 0, 0, time.UTC)
+		ours := cutover.Add(time.Duration(k) * 24 * time.Hour)
+		pairs = append(pairs, example.Format("2006-01-02"), ours.Format("2006-01-02"), example.Format("20060102"), ours.Format("20060102"))
+	}
+	block = strings.NewReplacer(pairs...).Replace(block)
+	var out []string
+	for _, stmt := range strings.Split(block, ";\n") {
+		var lines []string
+		for _, l := range strings.Split(stmt, "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+				lines = append(lines, l)
+			}
+		}
+		if s := strings.TrimSpace(strings.TrimSuffix(strings.Join(lines, "\n"), ";")); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// The conversion of an existing table that docs/operations.md gives, run as written: the events of
+// every state survive it, the relay publishes across it, the id sequence goes on, and the old table,
+// now the legacy partition, is kept while it holds a dead event and dropped once it holds none.
+func TestConvertToPartitions(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		ctx := context.Background()
+		now := time.Now().UTC()
+		cutover := now.Truncate(24 * time.Hour).Add(24 * time.Hour)
+		db := setup(t, d, nil)
+		plain := db.Session(&gorm.Session{NewDB: true})
+		putEvent(t, db, "done", now.Add(-time.Hour), "processed")
+		dead := putEvent(t, db, "dead", now.Add(-2*time.Hour), "dead")
+		pending := putEvent(t, db, "pending", now.Add(-3*time.Hour), "pending")
+
+		sqlDB, err := plain.DB()
+		require.NoError(t, err)
+		conn, err := sqlDB.Conn(ctx)
+		require.NoError(t, err)
+		defer conn.Close()
+		var steps []string
+		if d.server() == "postgres" {
+			steps = append(docBlock(t, "convert postgres: step 1", cutover), docBlock(t, "convert postgres: step 2", cutover)...)
+		} else {
+			steps = docBlock(t, "convert mysql", cutover)
+		}
+		for _, s := range steps {
+			_, err := conn.ExecContext(ctx, s)
+			require.NoError(t, err, s)
+		}
+		t.Cleanup(func() {
+			_, err := sqlDB.ExecContext(context.Background(), "DROP TABLE IF EXISTS outbox_events_legacy")
+			require.NoError(t, err)
+		})
+
+		stmts, err := outboxplugin.PlanMigration(plain, outboxplugin.WithPartitions(0))
+		require.NoError(t, err)
+		assert.Empty(t, stmts, "the converted table is as AutoMigrate would make it")
+		require.NoError(t, outboxplugin.AutoMigrate(plain, outboxplugin.WithPartitions(0)))
+		warnings, err := newTestAdmin(t, db).CheckTable(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, warnings)
+
+		fresh := putEvent(t, db, "fresh", now, "pending")
+		assert.Greater(t, fresh.ID, pending.ID, "the id sequence goes on")
+		rec := newRecorder()
+		w := newWorker(t, db, rec)
+		n, err := w.ProcessOnce(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, 2, n)
+		assert.ElementsMatch(t, []string{pending.MessageID, fresh.MessageID}, messageIDs(rec.published()))
+
+		legacy := "outbox_events_legacy"
+		if d.server() == "mysql" {
+			legacy = "plegacy"
+		}
+		at := cutover.Add(48*time.Hour + time.Hour)
+		res, err := outboxplugin.PartitionTurn(ctx, w, at, 24*time.Hour, true)
+		require.NoError(t, err)
+		require.Len(t, res.Kept, 1, "the legacy partition holds a dead event")
+		assert.Equal(t, legacy, res.Kept[0].Name)
+		_, err = newTestAdmin(t, db).Discard(ctx, dead.MessageID)
+		require.NoError(t, err)
+		res, err = outboxplugin.PartitionTurn(ctx, w, at, 24*time.Hour, true)
+		require.NoError(t, err)
+		assert.Contains(t, res.Dropped, legacy)
+		assert.NotContains(t, partitionNames(t, db, d), legacy)
+
+		later := putEvent(t, db, "later", at, "pending")
+		assert.Greater(t, later.ID, fresh.ID, "the sequence outlived the legacy partition")
+	})
 }

@@ -115,12 +115,23 @@ func TestMigrateDryRunWithoutADatabase(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), "ALTER TABLE `events` ALTER COLUMN locked_by SET DEFAULT '"+outboxplugin.NoLeaseOwner+"'") {
 		t.Errorf("000009_mysql_lease_defaults.up.sql: %v\n%s", err, b)
 	}
+	r = ok(t, "migrate", "--dry-run", "--dialect", "postgres", "--partitions", "24h")
+	for _, want := range []string{`PRIMARY KEY (id, created_at)`, `PARTITION BY RANGE (created_at)`, `"outbox_events_default" PARTITION OF "outbox_events" DEFAULT`,
+		`"outbox_events_p` + time.Now().UTC().Format("20060102") + `" PARTITION OF "outbox_events" FOR VALUES FROM`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--partitions 24h: no %s in:\n%s", want, r.stdout)
+		}
+	}
 	for _, args := range [][]string{
-		{"migrate", "--dialect", "postgres"},                                    // not a dry run
-		{"migrate", "--dry-run", "--dialect", "oracle"},                         // unknown database
-		{"migrate", "--dry-run", "--dialect", "postgres", "--format", "flyway"}, // unknown format
-		{"migrate", "--dry-run", "--format", "goose"},                           // no --dialect
-		{"migrate", "--dry-run", "--dialect", "postgres", "--output", dir},      // --output with --format sql
+		{"migrate", "--dry-run", "--dialect", "postgres", "--format", "goose", "--partitions", "24h"},
+		{"migrate", "--dry-run", "--dialect", "sqlite", "--partitions", "24h"},    // SQLite has none
+		{"migrate", "--dry-run", "--dialect", "postgres", "--partitions", "90m"},  // not whole hours
+		{"migrate", "--dry-run", "--dialect", "postgres", "--partitions", "-24h"}, // negative
+		{"migrate", "--dialect", "postgres"},                                      // not a dry run
+		{"migrate", "--dry-run", "--dialect", "oracle"},                           // unknown database
+		{"migrate", "--dry-run", "--dialect", "postgres", "--format", "flyway"},   // unknown format
+		{"migrate", "--dry-run", "--format", "goose"},                             // no --dialect
+		{"migrate", "--dry-run", "--dialect", "postgres", "--output", dir},        // --output with --format sql
 		{"migrate", "--dry-run", "--dialect", "postgres", "--format", "goose", "--key-ordering-index"},
 		{"migrate", "--dry-run", "--dialect", "postgres", "--table", "a b"},
 	} {

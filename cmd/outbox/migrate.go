@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -24,6 +25,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 	var (
 		dryRun, keyOrdering     bool
 		dialect, format, output string
+		partitions              time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -45,10 +47,17 @@ default table are also in the repository's migrations folder; for another --tabl
 with that name, since a migration file cannot take the table name as a parameter.
 
 --table may be schema-qualified (audit.events): the table is created in that schema, which must
-exist.`,
+exist.
+
+--partitions WIDTH (PostgreSQL, MySQL/MariaDB) creates a new table partitioned by range of created_at,
+in partitions WIDTH wide (24h: a day, from midnight UTC; a whole number of hours), with those of the
+current interval and the next two and a default partition; the relay makes the next ones and its
+cleanup drops the old ones whole. On a partitioned table it makes the partitions it lacks now; on a
+table that is not partitioned it fails (docs/operations.md, "Partitioned outbox", converts one).`,
 		Example: `  outbox migrate --db postgres://app@db.internal/shop --dry-run
   outbox migrate --db shop.db --table events --key-ordering-index
   outbox migrate --dry-run --dialect postgres --table audit.events
+  outbox migrate --db postgres://app@db.internal/shop --partitions 24h
   outbox migrate --dry-run --dialect mysql --format goose --output db/migrations/outbox`,
 		Args: noArgs,
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
@@ -56,13 +65,19 @@ exist.`,
 			if keyOrdering {
 				opts = append(opts, outboxplugin.WithKeyOrderingIndex())
 			}
+			if cmd.Flags().Changed("partitions") {
+				if partitions <= 0 {
+					return usagef("--partitions %v: want a width of a whole number of hours, such as 24h", partitions)
+				}
+				opts = append(opts, outboxplugin.WithPartitions(partitions))
+			}
 			switch {
 			case !dryRun && (dialect != "" || output != "" || cmd.Flags().Changed("format")):
 				return usagef("--dialect, --format and --output print the schema: give --dry-run")
 			case dialect == "" && (output != "" || cmd.Flags().Changed("format")):
 				return usagef("--format and --output need --dialect (the files do not depend on a database's state)")
 			case dialect != "":
-				return a.printSchema(dialect, format, output, keyOrdering, opts)
+				return a.printSchema(dialect, format, output, keyOrdering || cmd.Flags().Changed("partitions"), opts)
 			}
 			db, err := a.open(cmd.Context(), !dryRun) // a dry run creates no SQLite file
 			if err != nil {
@@ -91,6 +106,7 @@ exist.`,
 	}
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print the statements instead of running them")
 	cmd.Flags().BoolVar(&keyOrdering, "key-ordering-index", false, "also create the index a worker with WithKeyOrdering needs")
+	cmd.Flags().DurationVar(&partitions, "partitions", 0, "create the table partitioned by created_at, in partitions this wide (24h: daily); PostgreSQL, MySQL/MariaDB")
 	cmd.Flags().StringVar(&dialect, "dialect", "", "with --dry-run: print the schema of this database (postgres, mysql, sqlite) without connecting to one")
 	cmd.Flags().StringVar(&format, "format", formatSQL, "with --dialect: sql, golang-migrate or goose")
 	cmd.Flags().StringVar(&output, "output", "", "with --dialect: write the files into this directory instead of printing them")
@@ -120,7 +136,8 @@ func (a *app) printStatements(statements []string, none string) error {
 
 // printSchema prints, without a database, the current schema of dialect (format sql) or its
 // migration files, or writes the files into output.
-func (a *app) printSchema(dialect, format, output string, keyOrdering bool, opts []outboxplugin.MigrateOption) error {
+// ownMigration: the options ask for what the files leave out (the per-key ordering index, partitions).
+func (a *app) printSchema(dialect, format, output string, ownMigration bool, opts []outboxplugin.MigrateOption) error {
 	switch format {
 	case formatSQL:
 		if output != "" {
@@ -135,8 +152,8 @@ func (a *app) printSchema(dialect, format, output string, keyOrdering bool, opts
 	default:
 		return usagef("--format %q: want sql, golang-migrate or goose", format)
 	}
-	if keyOrdering {
-		return usagef("--key-ordering-index: the migration files leave the per-key ordering index out; print its statement with --format sql and add it as a migration of your own")
+	if ownMigration {
+		return usagef("--key-ordering-index, --partitions: the migration files are those of the plain table; print the statements with --format sql and add them as a migration of your own")
 	}
 	fsys, err := outboxplugin.MigrationFiles(outboxplugin.MigrationFormat(format), dialect, a.table)
 	if err != nil {
