@@ -126,3 +126,10 @@ func PartitionTurn(ctx context.Context, w *Worker, now time.Time, retention time
 	}
 	return r.Partitions, err
 }
+
+// CleanupAt is one cleanup of w's table as if the time were now: exclusive as Run's periodic one (the
+// lock, and on a plain table the pauses between chunks), or not, as Worker.Cleanup.
+func CleanupAt(ctx context.Context, w *Worker, now time.Time, retention time.Duration, exclusive bool) (deleted int64, partitions *partition.Result, err error) {
+	r, err := relay.CleanupReport(ctx, w.sql, now, now.Add(-retention), exclusive)
+	return r.Deleted, r.Partitions, err
+}

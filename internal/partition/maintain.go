@@ -30,6 +30,9 @@ type Result struct {
 	// DefaultRows is how many rows the default partition held (counted up to DefaultCountLimit),
 	// and DefaultDeleted how many processed ones past the retention this run deleted from it.
 	DefaultRows, DefaultDeleted int64
+	// MakeTook is the time spent making partitions (planning included), DropTook the time spent
+	// retiring them (the checks, the drops and their retries; not the default partition's cleanup).
+	MakeTook, DropTook time.Duration
 }
 
 // Kept is a partition kept past the retention, and what it holds that keeps it (each counted up to
@@ -60,8 +63,7 @@ const dropAttempts = 3
 // deletes the processed rows created before cutoff from the default partition (PostgreSQL; MySQL's
 // MAXVALUE partition holds only rows newer than its partitions, which its split moves out). It runs
 // on conn, which it leaves as it found it. The caller makes sure only one maintainer runs at a time.
-func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Time, drop bool) (Result, error) {
-	var r Result
+func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Time, drop bool) (r Result, err error) {
 	l, err := t.Read(ctx, conn)
 	if err != nil {
 		return r, err
@@ -70,6 +72,7 @@ func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Ti
 		return r, fmt.Errorf("%s is not partitioned", t.Quoted())
 	}
 	r.Every = l.Every
+	start := time.Now()
 	steps, skipped, err := t.Plan(ctx, conn, l, now)
 	if err != nil {
 		return r, fmt.Errorf("plan partitions: %w", err)
@@ -91,7 +94,9 @@ func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Ti
 			return r, err
 		}
 	}
+	r.MakeTook = time.Since(start)
 	if drop {
+		start = time.Now()
 		for _, p := range l.Partitions {
 			if p.Default || p.To.IsZero() || p.To.After(cutoff) {
 				continue
@@ -100,6 +105,7 @@ func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Ti
 				return r, err
 			}
 		}
+		r.DropTook = time.Since(start)
 	}
 	if d, ok := l.Default(); ok {
 		if drop && t.Dialect == Postgres {
