@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/gorm-outbox/outboxplugin/internal/relay/store"
@@ -65,35 +64,37 @@ const CleanupChunk = 1000
 // statement locks much of the table, and returns how many it deleted. Dead and pending events are
 // never deleted.
 //
-// Exclusive is the periodic cleanup of Run: with several relays on one table only one cleans at a
-// time. It holds a lock of the database's own for the cleanup's duration — pg_try_advisory_lock on
-// PostgreSQL, GET_LOCK on MySQL/MariaDB, both tied to the connection, so a relay that dies mid-cleanup
-// lets go of it — and does nothing (ran false) when another relay holds it. (SQLite serialises
-// writers anyway: there it takes no lock.) It pauses between chunks for as long as the chunk took, so
-// that a table with months of processed rows costs the database at most half of one connection's
-// time while the backlog of deletions lasts.
+// Exclusive is the periodic cleanup of Run: with several relays on one table only one deletes at a
+// time. Each chunk takes a lock of the database's own without waiting (Store.CleanupChunkLocked) —
+// on PostgreSQL a transaction-scoped advisory lock in the chunk's transaction, which a transaction
+// pooler such as PgBouncer keeps with the transaction; GET_LOCK on MySQL/MariaDB, tied to the
+// connection — so a relay that dies mid-cleanup lets go of it. A turn ends when its chunk finds the
+// lock taken: it does nothing (ran false) when another relay holds it at the first chunk. (SQLite
+// serialises writers anyway: there it takes no lock.) It pauses between chunks for as long as the
+// chunk took, so that a table with months of processed rows costs the database at most half of one
+// connection's time while the backlog of deletions lasts (two relays whose turns overlap, taking
+// chunks in turn, may cost it all of that connection's time).
 func Cleanup(ctx context.Context, s *store.Store, cutoff time.Time, exclusive bool) (deleted int64, ran bool, err error) {
 	conn, err := s.DB().Conn(ctx)
 	if err != nil {
 		return 0, false, err
 	}
 	defer conn.Close()
-	if exclusive {
-		release, got, err := s.TryCleanupLock(ctx, conn)
-		if err != nil {
-			return 0, false, fmt.Errorf("cleanup lock: %w", err)
-		}
-		if !got {
-			return 0, false, nil // another relay is cleaning the table
-		}
-		defer release()
-	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return deleted, true, err
+			return deleted, ran, err
 		}
 		start := time.Now()
-		n, err := s.CleanupChunk(ctx, conn, cutoff, CleanupChunk)
+		var n int64
+		if exclusive {
+			var got bool
+			if n, got, err = s.CleanupChunkLocked(ctx, conn, cutoff, CleanupChunk); err == nil && !got {
+				return deleted, ran, nil // another relay is cleaning the table
+			}
+		} else {
+			n, err = s.CleanupChunk(ctx, conn, cutoff, CleanupChunk)
+		}
+		ran = true
 		deleted += n
 		if err != nil {
 			return deleted, true, err
