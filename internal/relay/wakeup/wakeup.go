@@ -67,8 +67,8 @@ type Listener struct {
 // Run listens until ctx ends, reconnecting with growing pauses after errors (from a second to 30 s).
 // With a driver that cannot wait for notifications it says so at INFO and returns at once. Each
 // connection tests itself once LISTEN has taken effect: it LISTENs on a channel of its own too, sends
-// a notification there from another connection of the pool, and waits for it (Probe). When it does not
-// come, Run says so once at WARN, with Advice, and returns: the relay polls.
+// a notification there from another connection (of Sender, or DB), and waits for it (Probe). When it
+// does not come, Run says so once at WARN, with Advice, and returns: the relay polls.
 func (l Listener) Run(ctx context.Context) {
 	const firstPause = time.Second
 	pause := firstPause
