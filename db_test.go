@@ -265,6 +265,9 @@ func openDB(t testing.TB, d dialect, cfg *gorm.Config) *gorm.DB {
 		})
 		return db
 	}
+	if cfg.PrepareStmt && d.server() == "postgres" {
+		skipPrepareStmtBehindPooler(t)
+	}
 	pool, err := d.pool()
 	if err != nil {
 		if requireDBs() {

@@ -45,6 +45,10 @@ func HoldCleanupLock(ctx context.Context, w *Worker) (release func(), got bool, 
 	return func() { unlock(); _ = conn.Close() }, true, nil
 }
 
+// UseListenProbe bounds w's LISTEN self-test by d instead of wakeup.DefaultProbe, so that a test
+// behind a transaction pooler sees it fail soon.
+func UseListenProbe(w *Worker, d time.Duration) { w.cfg.listenProbe = d }
+
 // CleanupTurn is one turn of Run's periodic cleanup: ran is false when another relay held the lock.
 func CleanupTurn(ctx context.Context, w *Worker, olderThan time.Duration) (deleted int64, ran bool, err error) {
 	return w.cleanupOnce(ctx, olderThan, true)

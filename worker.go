@@ -374,8 +374,9 @@ func (w *Worker) prepareTable(ctx context.Context) error {
 }
 
 // listenForWakeUps wakes Run at every notification of a commit on PostgreSQL until ctx ends (see
-// wakeup.Listener), on a connection of the pool that db's *sql.DB is; a pool without one leaves Run
-// to its polling, which it says once.
+// wakeup.Listener), on a connection of the pool that db's *sql.DB is (or WithListenDB's); a pool
+// without one, or a LISTEN connection that notifications do not reach (a transaction pooler), leaves
+// Run to its polling, which it says once.
 func (w *Worker) listenForWakeUps(ctx context.Context) {
 	sqlDB, err := w.db.DB()
 	if err != nil {
@@ -383,6 +384,13 @@ func (w *Worker) listenForWakeUps(ctx context.Context) {
 			slog.String("worker", w.owner), slog.Any("reason", fmt.Errorf("%w: %w", wakeup.ErrUnsupported, err)))
 		return
 	}
-	wakeup.Listener{DB: sqlDB, Table: w.cfg.table, Wake: w.Wake, Logger: w.cfg.logger,
-		Attrs: []slog.Attr{slog.String("worker", w.owner)}}.Run(ctx)
+	l := wakeup.Listener{DB: sqlDB, Table: w.cfg.table, Wake: w.Wake, Logger: w.cfg.logger,
+		Attrs: []slog.Attr{slog.String("worker", w.owner), slog.Duration("poll_interval", w.cfg.pollInterval)},
+		Probe: w.cfg.listenProbe,
+		Advice: "give the worker a pool on the PostgreSQL server itself for LISTEN (outboxplugin.WithListenDB), " +
+			"or turn the wake-up off (outboxplugin.WithoutListen) to skip this test (docs/operations.md, \"Behind PgBouncer\")"}
+	if w.cfg.listenDB != nil {
+		l.DB, l.Sender = w.cfg.listenDB, sqlDB
+	}
+	l.Run(ctx)
 }

@@ -1,6 +1,7 @@
 package outboxplugin
 
 import (
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"time"
@@ -25,6 +26,8 @@ type workerConfig struct {
 	cleanupEvery    time.Duration
 	retention       time.Duration
 	listen          bool
+	listenDB        *sql.DB       // the pool LISTEN takes its connection from, or nil: the worker's
+	listenProbe     time.Duration // the LISTEN self-test's bound as a test gives it (export_test.go), or 0
 	backlogEvery    time.Duration
 	progressEvery   time.Duration
 	logger          *slog.Logger
@@ -206,11 +209,31 @@ func WithTable(name string) WorkerOption {
 	}
 }
 
-// WithoutListen turns off the PostgreSQL LISTEN wake-up (for PgBouncer in transaction mode, which
-// does not carry notifications); the worker then polls only.
+// WithoutListen turns off the PostgreSQL LISTEN wake-up; the worker then polls only. Behind a
+// transaction pooler (PgBouncer in transaction mode), which does not carry notifications, the worker
+// finds that out by itself when it starts (its LISTEN connection sends itself a notification through
+// the pool and waits for it), says so once at WARN and polls: this option only spares it the test and
+// the warning. WithListenDB keeps the wake-up there.
 func WithoutListen() WorkerOption {
 	return func(c *workerConfig) error {
 		c.listen = false
+		return nil
+	}
+}
+
+// WithListenDB makes the PostgreSQL LISTEN wake-up take its connection from db instead of the
+// worker's pool: a pool opened on the PostgreSQL server itself (with pgx, as gorm.io/driver/postgres
+// opens it) when the worker's goes through a transaction pooler such as PgBouncer in transaction mode,
+// which does not carry notifications. The worker holds one connection of db while it runs, and sends
+// nothing else there; the capture's notifications, sent through the pooler, reach every session
+// listening on the server. The start-up self-test sends its notification through the worker's pool,
+// so a db on another server or database is found out and said (the worker then polls).
+func WithListenDB(db *sql.DB) WorkerOption {
+	return func(c *workerConfig) error {
+		if db == nil {
+			return fmt.Errorf("%w: nil listen *sql.DB", ErrInvalidOption)
+		}
+		c.listenDB = db
 		return nil
 	}
 }

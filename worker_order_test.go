@@ -264,7 +264,8 @@ func TestWithoutNotifyPolls(t *testing.T) {
 func TestOneNotificationPerTransaction(t *testing.T) {
 	d := dialects[1]
 	db := setup(t, d, nil)
-	conn, err := pgx.Connect(context.Background(), replaceDSNField(postgresServerDSN(), "dbname", testDatabase))
+	// LISTEN on the server itself: behind a transaction pooler the NOTIFYs pass, a LISTEN would not.
+	conn, err := pgx.Connect(context.Background(), replaceDSNField(postgresDirectDSN(), "dbname", testDatabase))
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
 	_, err = conn.Exec(context.Background(), `LISTEN "outbox_events"`)

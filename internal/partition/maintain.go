@@ -58,75 +58,148 @@ var LockTimeout = 100 * time.Millisecond
 
 const dropAttempts = 3
 
+// Guard takes the maintainers' lock without waiting, for one step of a Maintain (the partitions made
+// at once; one partition dropped; one chunk of the default partition's cleanup): the step's statements
+// run on held, which on PostgreSQL must be a transaction (the lock lasts as long as it: a transaction
+// pooler keeps it with the transaction), and release ends it, keeping the step's work when keep is
+// true. got is false, and nothing is held, when another maintainer holds the lock.
+type Guard func(ctx context.Context) (held Execer, release func(keep bool) error, got bool, err error)
+
 // Maintain makes the partitions t lacks at now and, when drop is true, drops those whose range ended
 // before cutoff and that hold no unfinished event (pending, scheduled, leased, waiting or dead), and
 // deletes the processed rows created before cutoff from the default partition (PostgreSQL; MySQL's
-// MAXVALUE partition holds only rows newer than its partitions, which its split moves out). It runs
-// on conn, which it leaves as it found it. The caller makes sure only one maintainer runs at a time.
-func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Time, drop bool) (r Result, err error) {
+// MAXVALUE partition holds only rows newer than its partitions, which its split moves out). Each step
+// runs under guard, and reads what it acts on again under it: another maintainer may have made or
+// dropped a partition between two steps. ran is false when another maintainer held the lock at the
+// first step; a run that finds it held later stops there. It leaves conn as it found it.
+func (t Table) Maintain(ctx context.Context, conn *sql.Conn, now, cutoff time.Time, drop bool, guard Guard) (r Result, ran bool, err error) {
+	start := time.Now()
+	var made []string
+	busy, err := retryLock(ctx, func() error {
+		var got bool
+		made, r.Skipped, got, err = t.make(ctx, now, guard)
+		if err == nil && !got {
+			return errHeld
+		}
+		return err
+	})
+	if errors.Is(err, errHeld) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, true, err
+	}
+	if busy {
+		r.Busy = append(r.Busy, "(the partitions to make)")
+	}
+	r.Created = made
+	r.MakeTook = time.Since(start)
 	l, err := t.Read(ctx, conn)
 	if err != nil {
-		return r, err
-	}
-	if !l.Partitioned {
-		return r, fmt.Errorf("%s is not partitioned", t.Quoted())
+		return r, true, err
 	}
 	r.Every = l.Every
-	start := time.Now()
-	steps, skipped, err := t.Plan(ctx, conn, l, now)
-	if err != nil {
-		return r, fmt.Errorf("plan partitions: %w", err)
-	}
-	r.Skipped = skipped
-	for _, st := range steps {
-		busy, err := retryLock(ctx, func() error { return t.run(ctx, conn, st.SQL, LockTimeout) })
-		if err != nil {
-			return r, fmt.Errorf("make partitions %s: %w", strings.Join(st.Partitions, ", "), err)
-		}
-		if busy {
-			r.Busy = append(r.Busy, st.Partitions...)
-			continue
-		}
-		r.Created = append(r.Created, st.Partitions...)
-	}
-	if len(steps) > 0 {
-		if l, err = t.Read(ctx, conn); err != nil {
-			return r, err
-		}
-	}
-	r.MakeTook = time.Since(start)
 	if drop {
 		start = time.Now()
 		for _, p := range l.Partitions {
 			if p.Default || p.To.IsZero() || p.To.After(cutoff) {
 				continue
 			}
-			if err := t.retire(ctx, conn, p, &r); err != nil {
-				return r, err
+			if err := t.retire(ctx, conn, p, guard, &r); err != nil {
+				if errors.Is(err, errHeld) {
+					return r, true, nil // another maintainer took over
+				}
+				return r, true, err
 			}
 		}
 		r.DropTook = time.Since(start)
 	}
 	if d, ok := l.Default(); ok {
 		if drop && t.Dialect == Postgres {
-			n, err := t.cleanDefault(ctx, conn, d, cutoff)
+			n, err := t.cleanDefault(ctx, d, cutoff, guard)
 			r.DefaultDeleted = n
+			if errors.Is(err, errHeld) {
+				return r, true, nil
+			}
 			if err != nil {
-				return r, fmt.Errorf("clean the default partition: %w", err)
+				return r, true, fmt.Errorf("clean the default partition: %w", err)
 			}
 		}
 		if r.DefaultRows, err = t.Rows(ctx, conn, d, DefaultCountLimit); err != nil {
-			return r, err
+			return r, true, err
 		}
 	}
-	return r, nil
+	return r, true, nil
 }
 
-// retire drops p unless it holds an unfinished event. On PostgreSQL the check and the drop are one
-// transaction that holds the parent's lock from the DETACH on: no event can enter p between them. On
-// MySQL, where DDL commits, the check comes first: only a row written in between with a created_at
-// older than the retention (a writer whose clock is that far behind) could be lost.
-func (t Table) retire(ctx context.Context, conn *sql.Conn, p Partition, r *Result) error {
+// errHeld: another maintainer holds the lock.
+var errHeld = errors.New("another maintainer holds the lock")
+
+// make makes, in one step under guard, the partitions t lacks at now, as the catalog says under the
+// lock. On PostgreSQL the step is one transaction: all of them or none.
+func (t Table) make(ctx context.Context, now time.Time, guard Guard) (made, skipped []string, got bool, err error) {
+	held, release, got, err := guard(ctx)
+	if err != nil || !got {
+		return nil, nil, got, err
+	}
+	keep := false
+	defer func() {
+		if rerr := release(keep); err == nil && rerr != nil {
+			made, err = nil, rerr
+		}
+	}()
+	l, err := t.Read(ctx, held)
+	if err != nil {
+		return nil, nil, true, err
+	}
+	if !l.Partitioned {
+		return nil, nil, true, fmt.Errorf("%s is not partitioned", t.Quoted())
+	}
+	steps, skipped, err := t.Plan(ctx, held, l, now)
+	if err != nil || len(steps) == 0 {
+		return nil, skipped, true, err
+	}
+	restore, err := t.setLockTimeout(ctx, held)
+	if err != nil {
+		return nil, nil, true, err
+	}
+	defer restore()
+	for _, st := range steps {
+		for _, q := range st.SQL {
+			if _, err := held.ExecContext(ctx, q); err != nil {
+				return nil, nil, true, fmt.Errorf("make partitions %s: %w", strings.Join(st.Partitions, ", "), err)
+			}
+		}
+		made = append(made, st.Partitions...)
+	}
+	keep = true
+	return made, skipped, true, nil
+}
+
+// setLockTimeout bounds, for the step on held, how long a DDL waits for its lock (LockTimeout):
+// PostgreSQL's lock_timeout for the transaction; MySQL's lock_wait_timeout for the session, set back
+// by restore.
+func (t Table) setLockTimeout(ctx context.Context, held Execer) (restore func(), err error) {
+	if t.Dialect == Postgres {
+		_, err = held.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", LockTimeout.Milliseconds()))
+		return func() {}, err
+	}
+	secs := max(int64(LockTimeout/time.Second), 1)
+	if _, err := held.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d", secs)); err != nil {
+		return nil, err
+	}
+	return func() {
+		_, _ = held.ExecContext(context.WithoutCancel(ctx), "SET SESSION lock_wait_timeout = DEFAULT") // the connection goes back to the pool either way
+	}, nil
+}
+
+// retire drops p unless it holds an unfinished event. A check without the lock spares the drop's lock
+// for a partition that is kept. Under the lock the partition is looked up again, then on PostgreSQL
+// detached, checked and dropped in one transaction that holds the parent's lock from the DETACH on: no
+// event can enter p between the check and the drop. On MySQL, where DDL commits, the check comes just
+// before the drop: only a row written in between with a created_at older than the retention (a writer
+// whose clock is that far behind) could be lost.
+func (t Table) retire(ctx context.Context, conn *sql.Conn, p Partition, guard Guard, r *Result) error {
 	pending, dead, err := t.Unfinished(ctx, conn, p, KeptCountLimit)
 	if err != nil {
 		return fmt.Errorf("check partition %s: %w", p.Name, err)
@@ -139,26 +212,78 @@ func (t Table) retire(ctx context.Context, conn *sql.Conn, p Partition, r *Resul
 	if err != nil {
 		return err
 	}
-	var stmts []string
-	if t.Dialect == Postgres {
-		stmts = []string{"ALTER TABLE " + t.Quoted() + " DETACH PARTITION " + t.qualify(p.Name), "", "DROP TABLE " + t.qualify(p.Name)}
-	} else {
-		stmts = []string{"ALTER TABLE " + t.Quoted() + " DROP PARTITION " + t.quote(p.Name)}
-	}
-	busy, err := retryLock(ctx, func() error { return t.runChecked(ctx, conn, stmts, p, r) })
-	if busy {
+	var outcome string
+	busy, err := retryLock(ctx, func() error {
+		var err error
+		outcome, err = t.dropStep(ctx, p, guard, r)
+		return err
+	})
+	switch {
+	case err != nil:
+		return err
+	case busy:
 		r.Busy = append(r.Busy, p.Name)
-		return nil
+	case outcome == "dropped":
+		r.Dropped = append(r.Dropped, p.Name)
+		r.DroppedRows += estimate
 	}
-	if errors.Is(err, errKept) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("drop partition %s: %w", p.Name, err)
-	}
-	r.Dropped = append(r.Dropped, p.Name)
-	r.DroppedRows += estimate
 	return nil
+}
+
+// dropStep is one attempt at dropping p under guard: outcome is "dropped", "kept" (it holds an
+// unfinished event: recorded in r) or "gone" (another maintainer dropped it).
+func (t Table) dropStep(ctx context.Context, p Partition, guard Guard, r *Result) (outcome string, err error) {
+	held, release, got, err := guard(ctx)
+	if err != nil {
+		return "", err
+	}
+	if !got {
+		return "", errHeld
+	}
+	keep := false
+	defer func() {
+		if rerr := release(keep); err == nil && rerr != nil {
+			outcome, err = "", rerr
+		}
+	}()
+	l, err := t.Read(ctx, held)
+	if err != nil {
+		return "", err
+	}
+	found := false
+	for _, q := range l.Partitions {
+		found = found || (q.Name == p.Name && q.To.Equal(p.To) && !q.Default)
+	}
+	if !found {
+		return "gone", nil
+	}
+	restore, err := t.setLockTimeout(ctx, held)
+	if err != nil {
+		return "", err
+	}
+	defer restore()
+	if t.Dialect == Postgres {
+		if _, err := held.ExecContext(ctx, "ALTER TABLE "+t.Quoted()+" DETACH PARTITION "+t.qualify(p.Name)); err != nil {
+			return "", err
+		}
+	}
+	pending, dead, err := t.Unfinished(ctx, held, p, KeptCountLimit)
+	if err != nil {
+		return "", err
+	}
+	if pending > 0 || dead > 0 {
+		r.Kept = append(r.Kept, Kept{Name: p.Name, To: p.To, Pending: pending, Dead: dead})
+		return "kept", nil // rolled back: the partition stays attached
+	}
+	drop := "DROP TABLE " + t.qualify(p.Name)
+	if t.Dialect != Postgres {
+		drop = "ALTER TABLE " + t.Quoted() + " DROP PARTITION " + t.quote(p.Name)
+	}
+	if _, err := held.ExecContext(ctx, drop); err != nil {
+		return "", err
+	}
+	keep = true
+	return "dropped", nil
 }
 
 // retryLock runs fn until it does not fail for want of a lock, dropAttempts times at most, pausing
@@ -180,79 +305,6 @@ func retryLock(ctx context.Context, fn func() error) (busy bool, err error) {
 		case <-timer.C:
 		}
 	}
-}
-
-// errKept: the check under the drop's lock found an unfinished event.
-var errKept = errors.New("kept")
-
-// runChecked runs a drop's statements; an empty one (PostgreSQL) is the check under the lock, which
-// rolls the whole back when p holds an unfinished event.
-func (t Table) runChecked(ctx context.Context, conn *sql.Conn, stmts []string, p Partition, r *Result) error {
-	if t.Dialect != Postgres {
-		return t.run(ctx, conn, stmts, LockTimeout)
-	}
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit, ErrTxDone
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", LockTimeout.Milliseconds())); err != nil {
-		return err
-	}
-	for _, s := range stmts {
-		if s == "" {
-			pending, dead, err := t.Unfinished(ctx, tx, p, KeptCountLimit)
-			if err != nil {
-				return err
-			}
-			if pending > 0 || dead > 0 {
-				r.Kept = append(r.Kept, Kept{Name: p.Name, To: p.To, Pending: pending, Dead: dead})
-				return errKept
-			}
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, s); err != nil {
-			return err
-		}
-	}
-	return tx.Commit()
-}
-
-// run runs stmts: on PostgreSQL in one transaction (with lock_timeout set when lockTimeout > 0), on
-// MySQL one after the other (each DDL commits), with lock_wait_timeout set for them when
-// lockTimeout > 0 (whole seconds: at least one) and set back after.
-func (t Table) run(ctx context.Context, conn *sql.Conn, stmts []string, lockTimeout time.Duration) error {
-	if t.Dialect == Postgres {
-		tx, err := conn.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback() //nolint:errcheck // after Commit, ErrTxDone
-		if lockTimeout > 0 {
-			if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds())); err != nil {
-				return err
-			}
-		}
-		for _, s := range stmts {
-			if _, err := tx.ExecContext(ctx, s); err != nil {
-				return err
-			}
-		}
-		return tx.Commit()
-	}
-	if lockTimeout > 0 {
-		secs := max(int64(lockTimeout/time.Second), 1)
-		if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d", secs)); err != nil {
-			return err
-		}
-		defer conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION lock_wait_timeout = DEFAULT") //nolint:errcheck // the connection goes back to the pool either way
-	}
-	for _, s := range stmts {
-		if _, err := conn.ExecContext(ctx, s); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // lockTimedOut reports a DDL that gave up waiting for its lock: PostgreSQL's lock_not_available
@@ -290,21 +342,35 @@ func (t Table) estimate(ctx context.Context, q Querier, p Partition) (int64, err
 const CleanChunk = 1000
 
 // cleanDefault deletes the processed rows created before cutoff from PostgreSQL's default partition,
-// CleanChunk at a time. The default partition only fills when partitions were not made ahead (the
-// relays were stopped for longer than Ahead intervals); its rows cannot be dropped with a partition.
-func (t Table) cleanDefault(ctx context.Context, conn *sql.Conn, d Partition, cutoff time.Time) (int64, error) {
+// CleanChunk at a time, each chunk a step under guard. The default partition only fills when
+// partitions were not made ahead (the relays were stopped for longer than Ahead intervals); its rows
+// cannot be dropped with a partition.
+func (t Table) cleanDefault(ctx context.Context, d Partition, cutoff time.Time, guard Guard) (int64, error) {
 	ref := "ONLY " + t.qualify(d.Name)
 	var deleted int64
 	for {
-		res, err := conn.ExecContext(ctx, `DELETE FROM `+ref+` WHERE ctid = ANY(ARRAY(SELECT ctid FROM `+ref+
-			` WHERE processed = true AND created_at < $1 LIMIT `+fmt.Sprint(CleanChunk)+`))`, cutoff)
+		held, release, got, err := guard(ctx)
 		if err != nil {
 			return deleted, err
 		}
-		n, err := res.RowsAffected()
-		deleted += n
-		if err != nil || n < CleanChunk {
+		if !got {
+			return deleted, errHeld
+		}
+		res, err := held.ExecContext(ctx, `DELETE FROM `+ref+` WHERE ctid = ANY(ARRAY(SELECT ctid FROM `+ref+
+			` WHERE processed = true AND created_at < $1 LIMIT `+fmt.Sprint(CleanChunk)+`))`, cutoff)
+		var n int64
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		if rerr := release(err == nil); err == nil {
+			err = rerr
+		}
+		if err != nil {
 			return deleted, err
+		}
+		deleted += n
+		if n < CleanChunk {
+			return deleted, nil
 		}
 	}
 }

@@ -88,29 +88,32 @@ type Report struct {
 // partitions the table lacks at now and drops those whose range ended before cutoff and that hold no
 // unfinished event: whole partitions, never their rows (but for the default partition's).
 //
-// Exclusive is the periodic cleanup of Run: with several relays on one table only one cleans at a
-// time. It holds a lock of the database's own for the cleanup's duration — pg_try_advisory_lock on
-// PostgreSQL, GET_LOCK on MySQL/MariaDB, both tied to the connection, so a relay that dies mid-cleanup
-// lets go of it — and does nothing (Ran false) when another relay holds it. (SQLite serialises
-// writers anyway: there it takes no lock.) It pauses between chunks for as long as the chunk took, so
-// that a table with months of processed rows costs the database at most half of one connection's
-// time while the backlog of deletions lasts.
+// Exclusive is the periodic cleanup of Run: with several relays on one table only one deletes (or
+// makes or drops partitions) at a time. Each chunk, and each partition's step, takes a lock of the
+// database's own without waiting (Store.CleanupChunkLocked, Store.CleanupStep) — on PostgreSQL a
+// transaction-scoped advisory lock in the chunk's or the step's transaction, which a transaction
+// pooler such as PgBouncer keeps with the transaction; GET_LOCK on MySQL/MariaDB, tied to the
+// connection — so a relay that dies mid-cleanup lets go of it. A turn ends when it finds the lock
+// taken: it does nothing (Ran false) when another relay holds it at the first chunk or step. (SQLite
+// serialises writers anyway: there it takes no lock.) On a plain table it pauses between chunks for as
+// long as the chunk took, so that a table with months of processed rows costs the database at most
+// half of one connection's time while the backlog of deletions lasts (two relays whose turns overlap,
+// taking chunks in turn, may cost it all of that connection's time).
 func CleanupReport(ctx context.Context, s *store.Store, now, cutoff time.Time, exclusive bool) (Report, error) {
 	var r Report
-	conn, release, got, err := lockedConn(ctx, s, exclusive)
-	if err != nil || !got {
+	conn, err := s.DB().Conn(ctx)
+	if err != nil {
 		return r, err
 	}
-	defer release()
-	r.Ran = true
+	defer conn.Close()
 	if t, ok := s.Partitions(); ok {
 		l, err := t.Read(ctx, conn)
 		if err != nil {
 			return r, fmt.Errorf("read the partitions: %w", err)
 		}
 		if l.Partitioned {
-			res, err := t.Maintain(ctx, conn, now, cutoff, true)
-			r.Partitions = &res
+			res, ran, err := t.Maintain(ctx, conn, now, cutoff, true, guard(s, conn, exclusive))
+			r.Partitions, r.Ran = &res, ran
 			r.Deleted = res.DroppedRows + res.DefaultDeleted
 			return r, err
 		}
@@ -120,7 +123,16 @@ func CleanupReport(ctx context.Context, s *store.Store, now, cutoff time.Time, e
 			return r, err
 		}
 		start := time.Now()
-		n, err := s.CleanupChunk(ctx, conn, cutoff, CleanupChunk)
+		var n int64
+		if exclusive {
+			var got bool
+			if n, got, err = s.CleanupChunkLocked(ctx, conn, cutoff, CleanupChunk); err == nil && !got {
+				return r, nil // another relay is cleaning the table
+			}
+		} else {
+			n, err = s.CleanupChunk(ctx, conn, cutoff, CleanupChunk)
+		}
+		r.Ran = true
 		r.Deleted += n
 		if err != nil {
 			return r, err
@@ -153,32 +165,22 @@ func MakePartitions(ctx context.Context, s *store.Store, now time.Time) (res par
 	if err != nil || !l.Partitioned {
 		return res, false, false, err
 	}
-	conn, release, got, err := lockedConn(ctx, s, true)
-	if err != nil || !got {
+	conn, err := s.DB().Conn(ctx)
+	if err != nil {
 		return res, true, false, err
 	}
-	defer release()
-	res, err = t.Maintain(ctx, conn, now, time.Time{}, false)
-	return res, true, true, err
+	defer conn.Close()
+	res, ran, err = t.Maintain(ctx, conn, now, time.Time{}, false, guard(s, conn, true))
+	return res, true, ran, err
 }
 
-// lockedConn takes a connection of s's pool and, when exclusive, the cleanup lock on it; got is false
-// (and nothing is held) when another relay holds the lock. release lets go of both.
-func lockedConn(ctx context.Context, s *store.Store, exclusive bool) (conn *sql.Conn, release func(), got bool, err error) {
-	conn, err = s.DB().Conn(ctx)
-	if err != nil {
-		return nil, nil, false, err
-	}
-	if !exclusive {
-		return conn, func() { conn.Close() }, true, nil
-	}
-	unlock, got, err := s.TryCleanupLock(ctx, conn)
-	if err != nil || !got {
-		conn.Close()
+// guard is the lock a partitions' step takes (Store.CleanupStep), on conn.
+func guard(s *store.Store, conn *sql.Conn, exclusive bool) partition.Guard {
+	return func(ctx context.Context) (partition.Execer, func(bool) error, bool, error) {
+		held, release, got, err := s.CleanupStep(ctx, conn, exclusive)
 		if err != nil {
-			err = fmt.Errorf("cleanup lock: %w", err)
+			return nil, nil, false, fmt.Errorf("cleanup lock: %w", err)
 		}
-		return nil, nil, false, err
+		return held, release, got, nil
 	}
-	return conn, func() { unlock(); conn.Close() }, true, nil
 }

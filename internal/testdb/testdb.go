@@ -47,6 +47,20 @@ var (
 	}
 )
 
+// Pooler is what stands between the tests and PostgreSQL: "transaction" when OUTBOX_POSTGRES_DSN is a
+// transaction pooler's (OUTBOX_POSTGRES_POOLER=transaction: .ci/run's PgBouncer), "" when it is the
+// server's. A session's state (LISTEN, session locks, settings) does not last beyond a transaction
+// there; tests that need one skip themselves, saying why (SkipBehindPooler).
+var Pooler = os.Getenv("OUTBOX_POSTGRES_POOLER")
+
+// SkipBehindPooler skips t behind a transaction pooler (Pooler), for the reason why.
+func SkipBehindPooler(t testing.TB, why string) {
+	t.Helper()
+	if Pooler != "" {
+		t.Skipf("PostgreSQL behind a %s pooler (OUTBOX_POSTGRES_POOLER): %s", Pooler, why)
+	}
+}
+
 // Target is a way the tests drive a database: SQLite, PostgreSQL, MariaDB, and MariaDB driven the way
 // GORM drives MySQL 8 (no RETURNING; no MySQL 8 server can be had here).
 type Target struct {

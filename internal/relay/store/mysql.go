@@ -380,16 +380,19 @@ func (*mysqlRelay) cleanupDelete(table string) string {
 	return `DELETE FROM ` + table + ` WHERE processed = true AND `
 }
 
-// tryLock takes a GET_LOCK lock. Its names are server-wide: the name holds the database's, hashed to
-// fit its 64 characters.
-func (*mysqlRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (func(), bool, error) {
+// tryLock takes a GET_LOCK lock, held by conn's session until release (the statements under it run
+// on conn, each its own transaction). Its names are server-wide: the name holds the database's,
+// hashed to fit its 64 characters.
+func (*mysqlRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (QueryExecer, func(bool) error, bool, error) {
 	const lockName = `CONCAT('outboxplugin.cleanup.', SHA1(CONCAT(DATABASE(), '.', ?)))`
 	var n sql.NullInt64
 	if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+lockName+`, 0)`, name).Scan(&n); err != nil || n.Int64 != 1 {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	return func() {
+	return conn, func(bool) error {
+		// The statements under the lock have committed: a failed release is no failure of theirs.
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT RELEASE_LOCK(`+lockName+`)`, name)
+		return nil
 	}, true, nil
 }
 

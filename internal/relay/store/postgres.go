@@ -159,17 +159,28 @@ func (*pgRelay) cleanupQuery(table string) string {
 	return `DELETE FROM ` + table + ` WHERE id IN (SELECT id FROM ` + table + ` WHERE processed = true AND created_at < ? LIMIT ?)`
 }
 
-// tryLock takes a session advisory lock keyed by a hash of name.
-func (*pgRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (func(), bool, error) {
+// tryLock takes a transaction-scoped advisory lock keyed by a hash of name, in a transaction begun on
+// conn; release commits it (keep) or rolls it back, and the lock ends with it. A session lock would
+// not do behind a transaction pooler: the pooler hands the server connection that holds it to other
+// clients between transactions, and the unlock may run on another.
+func (*pgRelay) tryLock(ctx context.Context, conn *sql.Conn, name string) (QueryExecer, func(bool) error, bool, error) {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(name))
 	key := int64(h.Sum64())
-	var got bool
-	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil || !got {
-		return nil, false, err
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, nil, false, err
 	}
-	return func() {
-		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key)
+	var got bool
+	if err := tx.QueryRowContext(ctx, `SELECT pg_try_advisory_xact_lock($1)`, key).Scan(&got); err != nil || !got {
+		_ = tx.Rollback()
+		return nil, nil, false, err
+	}
+	return tx, func(keep bool) error {
+		if keep {
+			return tx.Commit()
+		}
+		return tx.Rollback()
 	}, true, nil
 }
 

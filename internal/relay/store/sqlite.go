@@ -55,8 +55,8 @@ func (*sqliteRelay) cleanupQuery(table string) string {
 }
 
 // tryLock always succeeds: SQLite serialises writers anyway, and one database file is one host's.
-func (*sqliteRelay) tryLock(context.Context, *sql.Conn, string) (func(), bool, error) {
-	return func() {}, true, nil
+func (*sqliteRelay) tryLock(_ context.Context, conn *sql.Conn, _ string) (QueryExecer, func(bool) error, bool, error) {
+	return conn, func(bool) error { return nil }, true, nil
 }
 
 func (*sqliteRelay) clock(now time.Time) time.Time { return now }

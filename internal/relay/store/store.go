@@ -109,8 +109,10 @@ type relayDialect interface {
 	// cleanupQuery deletes up to ? processed rows created before ? (or selects their ids, see
 	// cleanupByKey): every ? but the last is the cutoff, the last the limit.
 	cleanupQuery(table string) string
-	// tryLock takes the lock name on conn without waiting; release lets go of it.
-	tryLock(ctx context.Context, conn *sql.Conn, name string) (release func(), got bool, err error)
+	// tryLock takes the lock name on conn without waiting. The statements that run under it go to
+	// held (conn, or a transaction begun on it for a lock that lasts as long as its transaction);
+	// release lets go of it, keeping what they did when keep is true.
+	tryLock(ctx context.Context, conn *sql.Conn, name string) (held QueryExecer, release func(keep bool) error, got bool, err error)
 	// clock is the worker's current time as the claim compares it, where the statements take the
 	// worker's clock (see timeSQL).
 	clock(now time.Time) time.Time
@@ -935,9 +937,58 @@ func (q *Store) cleanupLockName() string {
 	return "outboxplugin.cleanup." + q.table
 }
 
-// TryCleanupLock takes the table's cleanup lock on conn without waiting; release lets go of it.
+// TryCleanupLock takes the table's cleanup lock on conn without waiting, as CleanupChunkLocked does;
+// release lets go of it. On PostgreSQL it lasts as long as a transaction begun on conn, which release
+// rolls back: conn runs nothing else meanwhile.
 func (q *Store) TryCleanupLock(ctx context.Context, conn *sql.Conn) (release func(), got bool, err error) {
-	return q.d.tryLock(ctx, conn, q.cleanupLockName())
+	_, unlock, got, err := q.d.tryLock(ctx, conn, q.cleanupLockName())
+	if err != nil || !got {
+		return nil, false, err
+	}
+	return func() { _ = unlock(false) }, true, nil
+}
+
+// CleanupChunkLocked is CleanupChunk under the table's cleanup lock, taken on conn for the chunk
+// alone and without waiting: got is false, and nothing is deleted, when another holds it. On
+// PostgreSQL the lock is transaction-scoped (pg_try_advisory_xact_lock) and the chunk runs in its
+// transaction: a lock of the session would stay with whichever server connection a transaction
+// pooler (PgBouncer in transaction mode) ran it on, and its unlock could run on another.
+func (q *Store) CleanupChunkLocked(ctx context.Context, conn *sql.Conn, cutoff time.Time, limit int) (n int64, got bool, err error) {
+	held, release, got, err := q.d.tryLock(ctx, conn, q.cleanupLockName())
+	if err != nil || !got {
+		return 0, false, err
+	}
+	n, err = q.CleanupChunk(ctx, held, cutoff, limit)
+	if rerr := release(err == nil); err == nil && rerr != nil {
+		// Only a transaction's end fails here (PostgreSQL): its chunk did not commit.
+		return 0, true, fmt.Errorf("commit the cleanup chunk: %w", rerr)
+	}
+	return n, true, err
+}
+
+// CleanupStep takes the table's cleanup lock on conn without waiting, for one step of a cleanup (a
+// partition made or dropped): the step's statements run on held, which on PostgreSQL is a transaction
+// begun on conn that the lock lasts as long as, and on MySQL/MariaDB conn itself; release ends it,
+// keeping the step's work when keep is true. got is false, and nothing is held, when another relay
+// holds the lock. With exclusive false no lock is taken (Worker.Cleanup, Admin.Cleanup), but held is
+// still a transaction on PostgreSQL.
+func (q *Store) CleanupStep(ctx context.Context, conn *sql.Conn, exclusive bool) (held QueryExecer, release func(keep bool) error, got bool, err error) {
+	if exclusive {
+		return q.d.tryLock(ctx, conn, q.cleanupLockName())
+	}
+	if _, ok := q.d.(*pgRelay); ok {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		return tx, func(keep bool) error {
+			if keep {
+				return tx.Commit()
+			}
+			return tx.Rollback()
+		}, true, nil
+	}
+	return conn, func(bool) error { return nil }, true, nil
 }
 
 // SetClaimIsolation sets the isolation level of the MySQL/MariaDB claim transactions (by default the

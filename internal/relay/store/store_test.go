@@ -355,3 +355,62 @@ func TestCleanupChunkDeletesOldProcessedRows(t *testing.T) {
 		assert.Equal(t, []string{"m4", "m5"}, left)
 	})
 }
+
+// A chunk under the cleanup lock deletes nothing while another holds the lock, and deletes once it is
+// free; the lock lasts no longer than the chunk: afterwards the database holds no advisory lock
+// (PostgreSQL: transaction-scoped, which a transaction pooler keeps with the transaction), so that
+// another connection — another relay — takes it at once.
+func TestCleanupChunkLockedTakesTurns(t *testing.T) {
+	forEachDB(t, func(t *testing.T, f *fixture) {
+		ctx := context.Background()
+		f.insert(t, 1, 3, time.Now().UTC().Add(-48*time.Hour))
+		require.NoError(t, f.db.Exec(`UPDATE `+table+` SET processed = true, processed_at = created_at`).Error)
+		s := f.newStore(t, 10)
+		cutoff := time.Now().UTC().Add(-24 * time.Hour)
+		conn := func() *sql.Conn {
+			c, err := f.sqlDB.Conn(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}
+		holder, cleaner := conn(), conn()
+
+		release, got, err := s.TryCleanupLock(ctx, holder)
+		require.NoError(t, err)
+		require.True(t, got)
+		if f.name == "postgres" {
+			var states []string
+			require.NoError(t, f.db.Raw(`SELECT a.state FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory'`+
+				` AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&states).Error)
+			assert.Equal(t, []string{"idle in transaction"}, states, "the lock is the holder's transaction's")
+		}
+		if f.name != "sqlite" { // SQLite serialises writers anyway: no lock
+			n, got, err := s.CleanupChunkLocked(ctx, cleaner, cutoff, 2)
+			require.NoError(t, err)
+			assert.False(t, got, "another holds the lock")
+			assert.Zero(t, n)
+		}
+		release()
+
+		var chunks []int64
+		for range 2 {
+			n, got, err := s.CleanupChunkLocked(ctx, cleaner, cutoff, 2)
+			require.NoError(t, err)
+			require.True(t, got)
+			chunks = append(chunks, n)
+		}
+		assert.Equal(t, []int64{2, 1}, chunks)
+		if f.name == "postgres" {
+			var locks int
+			require.NoError(t, f.db.Raw(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).
+				Scan(&locks).Error)
+			assert.Zero(t, locks, "no advisory lock outlives its chunk")
+		}
+		release, got, err = s.TryCleanupLock(ctx, holder)
+		require.NoError(t, err)
+		assert.True(t, got, "free again for another connection")
+		if got {
+			release()
+		}
+	})
+}

@@ -6,8 +6,10 @@ package wakeup
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,22 +33,42 @@ import (
 // ErrUnsupported is the error of a driver without pgx's WaitForNotification: the relay polls.
 var ErrUnsupported = errors.New("the database driver does not expose pgx's WaitForNotification")
 
+// ErrNotDelivered is the error of a connection that LISTENs and is not sent the notifications of
+// other sessions: a transaction pooler (PgBouncer in transaction or statement mode) hands the server
+// connection that ran LISTEN to other clients, and the notifications go to them or nowhere. The relay
+// polls.
+var ErrNotDelivered = errors.New("a notification sent from another connection did not reach the LISTEN connection")
+
+// DefaultProbe bounds the self-test's wait for its notification. A notification between two sessions
+// of one server takes milliseconds; the bound is long so that a loaded machine does not turn the
+// wake-up off, and costs only wake-ups in the meantime (the relay polls all the same).
+const DefaultProbe = 10 * time.Second
+
 // Listener LISTENs on a table's channel and calls Wake at each notification.
 type Listener struct {
 	// DB is the pool it takes its connection from; Table the outbox table (unquoted), whose name is
-	// the channel.
-	DB    *sql.DB
-	Table string
+	// the channel. Sender is the pool the self-test's notification is sent from (nil: DB): the
+	// worker's own, whose server the capture's notifications reach, when DB is another.
+	DB     *sql.DB
+	Sender *sql.DB
+	Table  string
 	// Wake is called once LISTEN has taken effect (for the events committed before it), and at every
 	// notification. It must not block.
 	Wake func()
 	// Logger takes what it says of lost connections, with Attrs (the worker's id, say).
 	Logger *slog.Logger
 	Attrs  []slog.Attr
+	// Probe bounds the self-test's wait (0: DefaultProbe); Advice ends what the listener logs when
+	// the self-test fails: what to do about it.
+	Probe  time.Duration
+	Advice string
 }
 
 // Run listens until ctx ends, reconnecting with growing pauses after errors (from a second to 30 s).
-// With a driver that cannot wait for notifications it says so at INFO and returns at once.
+// With a driver that cannot wait for notifications it says so at INFO and returns at once. Each
+// connection tests itself once LISTEN has taken effect: it LISTENs on a channel of its own too, sends
+// a notification there from another connection (of Sender, or DB), and waits for it (Probe). When it
+// does not come, Run says so once at WARN, with Advice, and returns: the relay polls.
 func (l Listener) Run(ctx context.Context) {
 	const firstPause = time.Second
 	pause := firstPause
@@ -57,6 +79,11 @@ func (l Listener) Run(ctx context.Context) {
 		}
 		if listened {
 			pause = firstPause // the connection worked: a new loss starts the pauses over
+		}
+		if errors.Is(err, ErrNotDelivered) {
+			l.Logger.LogAttrs(ctx, slog.LevelWarn, "outboxplugin: notifications do not reach the LISTEN connection (a transaction pooler, such as PgBouncer in transaction mode, between it and the server?): no LISTEN wake-up, polling only; "+l.Advice,
+				append(l.Attrs[:len(l.Attrs):len(l.Attrs)], slog.Any("reason", err))...)
+			return
 		}
 		if errors.Is(err, ErrUnsupported) {
 			l.Logger.LogAttrs(ctx, slog.LevelInfo, "outboxplugin: no LISTEN wake-up, polling only",
@@ -90,18 +117,73 @@ func (l Listener) listenOnce(ctx context.Context) (listened bool, err error) {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		_ = conn.Close()
 	}()
-	if _, err := conn.ExecContext(ctx, "LISTEN "+sqlname.PGIdent(l.Table)); err != nil {
+	probe := "outboxplugin_probe_" + randomHex()
+	if _, err := conn.ExecContext(ctx, "LISTEN "+sqlname.PGIdent(l.Table)+"; LISTEN "+probe); err != nil {
 		return false, err
 	}
 	// Events committed before LISTEN took effect would otherwise wait for a poll.
 	l.Wake()
+	if err := l.selfTest(ctx, conn, probe); err != nil {
+		return true, err
+	}
 	for {
-		err := conn.Raw(func(dc any) error { return waitForNotification(ctx, dc) })
-		if err != nil {
+		if _, err := l.wait(ctx, conn); err != nil {
 			return true, err
 		}
 		l.Wake()
 	}
+}
+
+// selfTest sends a notification on the channel probe, which conn LISTENs on, from another connection
+// of the pool (as a committing transaction's comes), and waits for it on conn for l.Probe; the
+// table's notifications that come meanwhile wake the relay as usual. It returns ErrNotDelivered when
+// the notification does not come.
+func (l Listener) selfTest(ctx context.Context, conn *sql.Conn, probe string) error {
+	sender := l.Sender
+	if sender == nil {
+		sender = l.DB
+	}
+	if _, err := sender.ExecContext(ctx, "SELECT pg_notify($1, '')", probe); err != nil {
+		return fmt.Errorf("self-test: send a notification: %w", err)
+	}
+	bound := l.Probe
+	if bound <= 0 {
+		bound = DefaultProbe
+	}
+	pctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	for {
+		channel, err := l.wait(pctx, conn)
+		switch {
+		case err != nil && ctx.Err() == nil && pctx.Err() != nil:
+			return fmt.Errorf("%w (waited %v)", ErrNotDelivered, bound)
+		case err != nil:
+			return err
+		case channel == probe:
+			if _, err := conn.ExecContext(ctx, "UNLISTEN "+probe); err != nil {
+				return err
+			}
+			l.Logger.LogAttrs(ctx, slog.LevelDebug, "outboxplugin: LISTEN self-test passed: notifications arrive", l.Attrs...)
+			return nil
+		}
+		l.Wake()
+	}
+}
+
+// wait waits on conn for a notification and returns its channel.
+func (l Listener) wait(ctx context.Context, conn *sql.Conn) (channel string, err error) {
+	err = conn.Raw(func(dc any) error {
+		channel, err = waitForNotification(ctx, dc)
+		return err
+	})
+	return channel, err
+}
+
+// randomHex is 16 random hex digits: a probe channel no other connection listens on.
+func randomHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 var (
@@ -109,24 +191,33 @@ var (
 	errorType   = reflect.TypeFor[error]()
 )
 
-// waitForNotification calls (*stdlib.Conn).Conn().WaitForNotification(ctx) on a pgx connection.
-func waitForNotification(ctx context.Context, driverConn any) error {
+// waitForNotification calls (*stdlib.Conn).Conn().WaitForNotification(ctx) on a pgx connection and
+// returns the notification's Channel.
+func waitForNotification(ctx context.Context, driverConn any) (channel string, err error) {
 	connMethod := reflect.ValueOf(driverConn).MethodByName("Conn")
 	if !connMethod.IsValid() || connMethod.Type().NumIn() != 0 || connMethod.Type().NumOut() != 1 {
-		return fmt.Errorf("%w (%T)", ErrUnsupported, driverConn)
+		return "", fmt.Errorf("%w (%T)", ErrUnsupported, driverConn)
 	}
 	pgxConn := connMethod.Call(nil)[0]
 	wait := pgxConn.MethodByName("WaitForNotification")
 	if !wait.IsValid() {
-		return fmt.Errorf("%w (%s)", ErrUnsupported, pgxConn.Type())
+		return "", fmt.Errorf("%w (%s)", ErrUnsupported, pgxConn.Type())
 	}
 	t := wait.Type()
 	if t.NumIn() != 1 || t.In(0) != contextType || t.NumOut() != 2 || t.Out(1) != errorType {
-		return fmt.Errorf("%w (signature %s)", ErrUnsupported, t)
+		return "", fmt.Errorf("%w (signature %s)", ErrUnsupported, t)
+	}
+	if n := t.Out(0); n.Kind() != reflect.Pointer || n.Elem().Kind() != reflect.Struct {
+		return "", fmt.Errorf("%w (signature %s)", ErrUnsupported, t)
+	} else if f, ok := n.Elem().FieldByName("Channel"); !ok || f.Type.Kind() != reflect.String {
+		return "", fmt.Errorf("%w (signature %s)", ErrUnsupported, t)
 	}
 	out := wait.Call([]reflect.Value{reflect.ValueOf(ctx)})
 	if errV := out[1]; !errV.IsNil() {
-		return errV.Interface().(error)
+		return "", errV.Interface().(error)
 	}
-	return nil
+	if out[0].IsNil() {
+		return "", nil
+	}
+	return out[0].Elem().FieldByName("Channel").String(), nil
 }

@@ -9,11 +9,27 @@ import (
 // Fakes of the shapes waitForNotification reaches through reflection: pgx's stdlib connection, whose
 // Conn() returns a *pgx.Conn with WaitForNotification(ctx) (*pgconn.Notification, error).
 
-type notification struct{}
+type notification struct{ Channel string }
 
-type pgxConn struct{ err error }
+type pgxConn struct {
+	channel string
+	err     error
+}
 
-func (c *pgxConn) WaitForNotification(context.Context) (*notification, error) { return nil, c.err }
+func (c *pgxConn) WaitForNotification(context.Context) (*notification, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	return &notification{Channel: c.channel}, nil
+}
+
+type noChannel struct{}
+
+func (noChannel) WaitForNotification(context.Context) (*struct{ PID uint32 }, error) { return nil, nil }
+
+type noChannelConn struct{}
+
+func (noChannelConn) Conn() noChannel { return noChannel{} }
 
 type stdlibConn struct{ conn *pgxConn }
 
@@ -47,20 +63,24 @@ func TestWaitForNotification(t *testing.T) {
 		unsupported bool
 		want        error
 	}{
-		{"a notification", stdlibConn{&pgxConn{}}, false, nil},
+		{"a notification", stdlibConn{&pgxConn{channel: "outbox_events"}}, false, nil},
 		{"a failed wait", stdlibConn{&pgxConn{err: lost}}, false, lost},
 		{"no Conn method", noConn{}, true, nil},
 		{"Conn with arguments", connWithArgs{}, true, nil},
 		{"no WaitForNotification", otherConn{}, true, nil},
 		{"WaitForNotification of another signature", badWaitConn{}, true, nil},
+		{"a notification without a channel", noChannelConn{}, true, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			err := waitForNotification(context.Background(), c.conn)
+			channel, err := waitForNotification(context.Background(), c.conn)
 			if got := errors.Is(err, ErrUnsupported); got != c.unsupported {
 				t.Fatalf("error %v: unsupported %v, want %v", err, got, c.unsupported)
 			}
 			if !c.unsupported && !errors.Is(err, c.want) && err != c.want {
 				t.Errorf("error %v, want %v", err, c.want)
+			}
+			if c.name == "a notification" && channel != "outbox_events" {
+				t.Errorf("channel %q, want the notification's", channel)
 			}
 		})
 	}
