@@ -561,7 +561,7 @@ func healthAlerts(h TableHealth, at time.Time) []HealthAlert {
 	for _, p := range h.Partitions {
 		if p.Default && p.Rows != nil && *p.Rows > 0 {
 			alerts = append(alerts, HealthAlert{Code: HealthAlertDefaultPartition, Text: fmt.Sprintf(
-				"the default partition %s holds about %d rows: partitions were not made ahead of time", p.Name, *p.Rows)})
+				"the default partition %s holds rows (about %d, the database's estimate): partitions were not made ahead of time", p.Name, *p.Rows)})
 		}
 	}
 	return alerts
