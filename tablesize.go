@@ -291,6 +291,7 @@ func readPostgresHealth(ctx context.Context, db *sql.DB, table string, at time.T
 		)
 		if err := rows.Scan(&isPartition, &name, &bound, &size, &heapSize, &indexSize, &nLive, &nDead, &lastVacuum, &lastAnalyze); err != nil {
 			unread("pg_partition_tree", err)
+			h.Partitions = nil
 			return
 		}
 		leaves++
@@ -315,6 +316,7 @@ func readPostgresHealth(ctx context.Context, db *sql.DB, table string, at time.T
 	}
 	if err := rows.Err(); err != nil {
 		unread("pg_partition_tree", err)
+		h.Partitions = nil
 		return
 	}
 	if leaves == 0 { // to_regclass found no table
