@@ -63,14 +63,34 @@ func insertEvents(t *testing.T, db *gorm.DB, table string, n, size int, createdA
 func waitForHealth(t *testing.T, admin *outboxplugin.Admin, ok func(outboxplugin.TableHealth) bool) outboxplugin.Stats {
 	t.Helper()
 	var st outboxplugin.Stats
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitFor(t, func() bool {
 		var err error
 		st, err = admin.Stats(context.Background())
 		require.NoError(t, err)
-		if ok(st.Health) || time.Now().After(deadline) {
-			return st
-		}
+		return ok(st.Health)
+	})
+	return st
+}
+
+// waitForTableHealth is waitForHealth with Admin.TableHealth, which reads no page of the table: on
+// PostgreSQL a query that reads them (Stats does) may prune dead rows, which the tests count.
+func waitForTableHealth(t *testing.T, admin *outboxplugin.Admin, ok func(outboxplugin.TableHealth) bool) outboxplugin.TableHealth {
+	t.Helper()
+	var h outboxplugin.TableHealth
+	waitFor(t, func() bool {
+		var err error
+		h, err = admin.TableHealth(context.Background())
+		require.NoError(t, err)
+		return ok(h)
+	})
+	return h
+}
+
+// waitFor calls cond until it holds, for at most 30 s; the caller asserts what it waited for.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
@@ -109,8 +129,7 @@ func TestTableHealth(t *testing.T) {
 			_, err = conn.ExecContext(context.Background(), "SELECT pg_stat_force_next_flush()")
 			require.NoError(t, err)
 			require.NoError(t, conn.Close())
-			st := waitForHealth(t, admin, func(h outboxplugin.TableHealth) bool { return h.DeadRows != nil && *h.DeadRows >= 2000 })
-			h := st.Health
+			h := waitForTableHealth(t, admin, func(h outboxplugin.TableHealth) bool { return h.DeadRows != nil && *h.DeadRows >= 2000 })
 			assert.Empty(t, h.Unread)
 			assert.GreaterOrEqual(t, known(t, "dead rows", h.DeadRows), int64(2000))
 			assert.GreaterOrEqual(t, known(t, "live rows", h.LiveRows), int64(2000))
@@ -122,6 +141,11 @@ func TestTableHealth(t *testing.T) {
 			assert.Nil(t, h.LastVacuum, "never vacuumed")
 			assert.Nil(t, h.Partitions)
 			assert.Empty(t, h.Alerts, "2000 dead rows are below the threshold")
+
+			st, err := admin.Stats(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, h.TotalBytes, st.Health.TotalBytes, "Stats carries the same figures")
+			assert.NotNil(t, st.Health.DeadRows)
 
 			require.NoError(t, db.Exec("VACUUM "+table).Error)
 			st = waitForHealth(t, admin, func(h outboxplugin.TableHealth) bool { return h.LastVacuum != nil })
@@ -300,4 +324,42 @@ func tableHealthWithoutProcess(t *testing.T, d dialect) {
 	require.Len(t, st.Health.Unread, 1)
 	assert.Contains(t, st.Health.Unread[0], "INNODB_METRICS")
 	known(t, "table bytes", st.Health.TableBytes)
+}
+
+// Dead rows past the threshold on a table never vacuumed raise the dead_rows alert (PostgreSQL):
+// 12 000 rows deleted leave 12 000 dead ones, above 20 % of the live ones (none) plus 10 000. Only
+// TableHealth reads the table's figures meanwhile: a query that reads its pages (Stats does) may prune
+// them. Autovacuum is off on the test's table, so that it cannot clear them first.
+func TestTableHealthDeadRowsAlert(t *testing.T) {
+	forEachRelayDB(t, func(t *testing.T, d dialect) {
+		if d.server() != "postgres" {
+			t.Skip("dead rows are PostgreSQL's")
+		}
+		db := openDB(t, d, nil)
+		table := createHealthTable(t, db, d.server(), "healthdead", "")
+		require.NoError(t, db.Exec("ALTER TABLE "+table+" SET (autovacuum_enabled = false)").Error)
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		conn, err := sqlDB.Conn(context.Background())
+		require.NoError(t, err)
+		for _, stmt := range []string{"INSERT INTO " + table + " (message_id, event_type, payload, created_at) " +
+			"SELECT g::text, 'HealthProbe', '{}', now() FROM generate_series(1, 12000) g",
+			"DELETE FROM " + table, "SELECT pg_stat_force_next_flush()"} {
+			_, err = conn.ExecContext(context.Background(), stmt)
+			require.NoError(t, err)
+		}
+		require.NoError(t, conn.Close())
+		admin, err := outboxplugin.NewAdmin(db, outboxplugin.WithAdminTable(table))
+		require.NoError(t, err)
+		h := waitForTableHealth(t, admin, func(h outboxplugin.TableHealth) bool { return h.DeadRows != nil && *h.DeadRows >= 12000 })
+		require.GreaterOrEqual(t, known(t, "dead rows", h.DeadRows), int64(12000))
+		require.Len(t, h.Alerts, 1)
+		assert.Equal(t, outboxplugin.HealthAlertDeadRows, h.Alerts[0].Code)
+		assert.Contains(t, h.Alerts[0].Text, "never vacuumed")
+
+		require.NoError(t, db.Exec("VACUUM "+table).Error)
+		h = waitForTableHealth(t, admin, func(h outboxplugin.TableHealth) bool { return h.DeadRows != nil && *h.DeadRows == 0 })
+		assert.Equal(t, int64(0), known(t, "dead rows after VACUUM", h.DeadRows))
+		assert.Empty(t, h.Alerts, "vacuumed: no dead rows left")
+	})
 }
