@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outboxplugin"
 )
@@ -151,4 +154,53 @@ func TestBrowserShowsTableHealth(t *testing.T) {
 	}
 	b.screenshot("overview-table-health")
 	b.noConsoleErrors()
+}
+
+// A figure the console's database user may not read is not shown, and a line says which and why: a
+// MariaDB user without the PROCESS privilege cannot read the purge lag; the rest of the overview is
+// there.
+func TestOverviewShowsUnreadHealth(t *testing.T) {
+	d := newMySQL(t)
+	addFixture(t, d)
+	var schema string
+	if err := d.db.Raw("SELECT DATABASE()").Scan(&schema).Error; err != nil {
+		t.Fatal(err)
+	}
+	user := testName("user")
+	exec := func(stmt string) {
+		t.Helper()
+		if err := d.db.Exec(stmt).Error; err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	exec("CREATE USER '" + user + "'@'%'")
+	t.Cleanup(func() { d.db.Exec("DROP USER '" + user + "'@'%'") })
+	exec("GRANT SELECT ON " + schema + ".* TO '" + user + "'@'%'")
+	cfg, err := mysqldriver.ParseDSN(mysqlServerDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd, cfg.DBName, cfg.ParseTime = user, "", schema, true
+	limited, err := gorm.Open(mysql.Open(cfg.FormatDSN()), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s, err := limited.DB(); err == nil {
+			s.Close()
+		}
+	})
+	srv, _ := serve(t, &testDB{name: "mysql", db: limited})
+	res, body := newClient(t, srv.URL).get("/outbox/")
+	wantStatus(t, res, body, http.StatusOK)
+	unread := regexp.MustCompile(`<p class="hint" data-health-unread>([^<]*)</p>`).FindStringSubmatch(body)
+	if unread == nil || !strings.Contains(unread[1], "INNODB_METRICS") {
+		t.Errorf("no line naming the unread purge lag: %q", unread)
+	}
+	if strings.Contains(body, `data-health="purge_lag"`) {
+		t.Error("the purge lag is shown though it could not be read")
+	}
+	if !strings.Contains(body, `data-health="total_bytes"`) || !strings.Contains(body, `data-count="pending"`) {
+		t.Error("the rest of the overview is missing")
+	}
 }
