@@ -131,9 +131,11 @@ type PartitionHealth struct {
 	// partition, MySQL's VALUES LESS THAN (MAXVALUE). Rows in it mean the partitions were not made
 	// ahead of time (an alert).
 	Default bool `json:"default"`
-	// Age is how old the partition's range is at the reading (Stats.At): from From, or from To when
-	// it has no lower bound (all its rows are at least that old). Negative for a partition made
-	// ahead. Nil for the default partition and a bound that is not a time.
+	// Age is how old the partition's range is at the reading (Stats.At), from its lower bound: From,
+	// or, for MySQL's first partition, which has none in the catalog, its upper bound less the width
+	// of the partition after it (partitions of one width, as the plugin makes them, give the exact
+	// lower bound); from To when neither is known (all its rows are at least that old). Negative for
+	// a partition made ahead. Nil for the default partition and a bound that is not a time.
 	Age *time.Duration `json:"-"`
 	// TotalBytes and IndexBytes are the partition's size and that of its indexes.
 	TotalBytes *int64 `json:"total_bytes"`
@@ -447,6 +449,11 @@ func readMySQLHealth(ctx context.Context, db *sql.DB, table string, at time.Time
 		if err := errors.Join(parts.Err(), parts.Close()); err != nil {
 			unread("information_schema.PARTITIONS", err)
 			h.Partitions = nil
+		}
+		// The first partition has no lower bound: age it as if it were as wide as the next one.
+		if len(h.Partitions) >= 2 && h.Partitions[0].To != nil && h.Partitions[1].From != nil && h.Partitions[1].To != nil {
+			age := at.Sub(h.Partitions[0].To.Add(-h.Partitions[1].To.Sub(*h.Partitions[1].From)))
+			h.Partitions[0].Age = &age
 		}
 	}
 
