@@ -175,6 +175,10 @@ type Stats struct {
 	// table made by AutoMigrate (see CheckTable): empty when the table is as AutoMigrate makes it,
 	// and typically non-empty when it was made by GORM's own db.AutoMigrate.
 	TableWarnings []TableWarning `json:"table_warnings"`
+	// Health is the table's size, bloat and upkeep, and its partitions (see TableHealth): read from
+	// the catalog and the statistics views only, and never a reason for Stats to fail: a figure that
+	// cannot be read is unknown (nil, null in JSON).
+	Health TableHealth `json:"health"`
 }
 
 // statsFields is Stats without its methods, for MarshalJSON and UnmarshalJSON.
@@ -232,7 +236,8 @@ const ExactProcessedLimit = 10000
 // exact (they read the claim and dead indexes, whose size is the backlog and the delayed events); the
 // processed count is exact up to
 // ExactProcessedLimit and an estimate above (see Stats.Processed). It also checks the table as
-// CheckTable does (catalog reads only), into Stats.TableWarnings.
+// CheckTable does (catalog reads only), into Stats.TableWarnings, and reads its health as
+// TableHealth does (catalog and statistics views only), into Stats.Health.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	fail := func(err error) (Stats, error) {
 		return Stats{}, fmt.Errorf("outboxplugin: Stats of %s: %w", a.table, err)
@@ -323,6 +328,9 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	}
 	if st.TableWarnings, err = checkTable(a.db.WithContext(ctx), a.table); err != nil {
 		return fail(fmt.Errorf("check the table: %w", err))
+	}
+	if st.Health, err = readTableHealth(ctx, a.q.DB(), a.dialect, a.table, st.At); err != nil {
+		return fail(fmt.Errorf("table health: %w", err))
 	}
 	return st, nil
 }

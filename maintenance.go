@@ -14,8 +14,8 @@ import (
 )
 
 // The worker's maintenance (internal/relay's Maintain runs it beside the publishing loop): the
-// periodic cleanup (WithCleanup, internal/relay's Cleanup), the backlog measurement for the Observer,
-// the publisher's start check (CheckingPublisher) and the progress line (WithProgressInterval).
+// periodic cleanup (WithCleanup, internal/relay's Cleanup), the backlog and table health measurements
+// for the Observer, the publisher's start check (CheckingPublisher) and the progress line (WithProgressInterval).
 //
 // Retention counts from created_at, as in the reference design, for three reasons: it is what the
 // (processed, created_at) index serves, so a cleanup reads only the rows it deletes; it bounds how far
@@ -37,6 +37,15 @@ func (w *Worker) maintain(ctx context.Context) {
 	if _, nop := w.cfg.observer.(NopObserver); !nop {
 		tasks = append(tasks, relay.Task{Every: w.cfg.backlogEvery, Run: func(ctx context.Context) bool {
 			w.measureBacklog(ctx)
+			return true
+		}})
+	}
+	if o, ok := w.cfg.observer.(TableHealthObserver); ok {
+		tasks = append(tasks, relay.Task{Every: w.cfg.healthEvery, Run: func(ctx context.Context) bool {
+			// Errors are the context's end only: an unreadable figure is left unknown.
+			if h, err := readTableHealth(ctx, w.sql.DB(), w.db.Dialector.Name(), w.cfg.table, w.sql.Clock(now())); err == nil {
+				o.TableHealth(ctx, h)
+			}
 			return true
 		}})
 	}

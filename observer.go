@@ -37,6 +37,16 @@ type ScheduledObserver interface {
 	Scheduled(ctx context.Context, n int64)
 }
 
+// TableHealthObserver is an Observer that is also given the outbox table's health: its size, bloat,
+// upkeep and partitions, as Admin.TableHealth reads them (catalog and statistics views only). When
+// the worker's observer implements it, Run reads the health every table health interval
+// (WithTableHealthInterval, default DefaultTableHealthEvery) and calls TableHealth with it; a figure
+// the database did not give is nil, not zero.
+type TableHealthObserver interface {
+	Observer
+	TableHealth(ctx context.Context, h TableHealth)
+}
+
 // BatchResult is what happened to one batch.
 type BatchResult struct {
 	// Claimed is the number of events the batch took.

@@ -558,17 +558,18 @@ func TestWorkerOptionBoundaries(t *testing.T) {
 	ctx := context.Background()
 	pub := newRecorder()
 	refused := map[string][]outboxplugin.WorkerOption{
-		"batch size 10001":        {outboxplugin.WithBatchSize(10001)},
-		"batch size -1":           {outboxplugin.WithBatchSize(-1)},
-		"negative poll":           {outboxplugin.WithPollInterval(-time.Second)},
-		"zero publish timeout":    {outboxplugin.WithPublishTimeout(0)},
-		"zero lease":              {outboxplugin.WithLease(0)},
-		"lease below the minimum": {outboxplugin.WithLease(outboxplugin.MinLease - time.Millisecond)},
-		"zero cleanup interval":   {outboxplugin.WithCleanup(0)},
-		"negative retention":      {outboxplugin.WithRetention(-time.Hour)},
-		"zero backlog interval":   {outboxplugin.WithBacklogInterval(0)},
-		"max attempts -1":         {outboxplugin.WithMaxAttempts(-1)},
-		"second option invalid":   {outboxplugin.WithBatchSize(5), outboxplugin.WithMaxAttempts(0)},
+		"batch size 10001":         {outboxplugin.WithBatchSize(10001)},
+		"batch size -1":            {outboxplugin.WithBatchSize(-1)},
+		"negative poll":            {outboxplugin.WithPollInterval(-time.Second)},
+		"zero publish timeout":     {outboxplugin.WithPublishTimeout(0)},
+		"zero lease":               {outboxplugin.WithLease(0)},
+		"lease below the minimum":  {outboxplugin.WithLease(outboxplugin.MinLease - time.Millisecond)},
+		"zero cleanup interval":    {outboxplugin.WithCleanup(0)},
+		"negative retention":       {outboxplugin.WithRetention(-time.Hour)},
+		"zero backlog interval":    {outboxplugin.WithBacklogInterval(0)},
+		"negative health interval": {outboxplugin.WithTableHealthInterval(-time.Minute)},
+		"max attempts -1":          {outboxplugin.WithMaxAttempts(-1)},
+		"second option invalid":    {outboxplugin.WithBatchSize(5), outboxplugin.WithMaxAttempts(0)},
 	}
 	for name, opts := range refused {
 		t.Run(name, func(t *testing.T) {

@@ -86,6 +86,7 @@ func NewWorker(db *gorm.DB, pub Publisher, opts ...WorkerOption) (*Worker, error
 			retention:      DefaultRetention,
 			listen:         true,
 			backlogEvery:   DefaultBacklogEvery,
+			healthEvery:    DefaultTableHealthEvery,
 			progressEvery:  DefaultProgressInterval,
 			logger:         slog.Default(),
 			observer:       NopObserver{},

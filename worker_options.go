@@ -29,6 +29,7 @@ type workerConfig struct {
 	listenDB        *sql.DB       // the pool LISTEN takes its connection from, or nil: the worker's
 	listenProbe     time.Duration // the LISTEN self-test's bound as a test gives it (export_test.go), or 0
 	backlogEvery    time.Duration
+	healthEvery     time.Duration
 	progressEvery   time.Duration
 	logger          *slog.Logger
 	observer        Observer
@@ -47,6 +48,9 @@ const (
 	DefaultMaxAttempts    = 10
 	DefaultRetention      = 7 * 24 * time.Hour
 	DefaultBacklogEvery   = 15 * time.Second
+	// DefaultTableHealthEvery is how often a worker whose Observer is a TableHealthObserver reads the
+	// table's health: sizes and dead rows move slowly, and an alert on them waits minutes anyway.
+	DefaultTableHealthEvery = time.Minute
 )
 
 // WithBatchSize sets how many events one batch claims and publishes, at most 10000. The default
@@ -267,6 +271,19 @@ func WithBacklogInterval(d time.Duration) WorkerOption {
 			return fmt.Errorf("%w: backlog interval %v", ErrInvalidOption, d)
 		}
 		c.backlogEvery = d
+		return nil
+	}
+}
+
+// WithTableHealthInterval sets how often Run reads the table's health for an Observer that is a
+// TableHealthObserver (default DefaultTableHealthEvery, a minute). Each reading is a few catalog
+// queries (see TableHealth), whatever the table's size.
+func WithTableHealthInterval(d time.Duration) WorkerOption {
+	return func(c *workerConfig) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: table health interval %v", ErrInvalidOption, d)
+		}
+		c.healthEvery = d
 		return nil
 	}
 }

@@ -13,8 +13,9 @@ import (
 )
 
 var (
-	_ outboxplugin.BacklogAgeObserver = (*Observer)(nil)
-	_ outboxplugin.ScheduledObserver  = (*Observer)(nil)
+	_ outboxplugin.BacklogAgeObserver  = (*Observer)(nil)
+	_ outboxplugin.ScheduledObserver   = (*Observer)(nil)
+	_ outboxplugin.TableHealthObserver = (*Observer)(nil)
 )
 
 // Observer records the worker's metrics (README.md lists them with their units and attributes). Pass
@@ -38,6 +39,16 @@ type Observer struct {
 	backlog     metric.Int64Gauge       // outbox.backlog
 	oldestAge   metric.Float64Gauge     // outbox.backlog.oldest_age
 	scheduled   metric.Int64Gauge       // outbox.scheduled
+
+	tableSize     metric.Int64Gauge   // outbox.table.size
+	indexSize     metric.Int64Gauge   // outbox.table.index_size
+	freeSize      metric.Int64Gauge   // outbox.table.free_size
+	deadRows      metric.Int64Gauge   // outbox.table.dead_rows
+	vacuumAge     metric.Float64Gauge // outbox.table.vacuum_age
+	purgeLag      metric.Int64Gauge   // outbox.table.purge_lag
+	partitions    metric.Int64Gauge   // outbox.partitions
+	defaultRows   metric.Int64Gauge   // outbox.partition.default.rows
+	oldestPartAge metric.Float64Gauge // outbox.partition.oldest_age
 }
 
 // durationBuckets are the bucket boundaries the semantic conventions give for
@@ -140,6 +151,51 @@ func NewObserver(opts ...Option) (*Observer, error) {
 			metric.WithDescription("Delayed events whose time has not come (scheduled), at the last backlog measurement."))
 		return
 	})
+	create("outbox.table.size", func() (e error) {
+		o.tableSize, e = m.Int64Gauge("outbox.table.size", metric.WithUnit("By"),
+			metric.WithDescription("The outbox table's size on disk, indexes included (SQLite: the database file's), at the last table health reading."))
+		return
+	})
+	create("outbox.table.index_size", func() (e error) {
+		o.indexSize, e = m.Int64Gauge("outbox.table.index_size", metric.WithUnit("By"),
+			metric.WithDescription("The size of the outbox table's indexes (PostgreSQL, MySQL), at the last table health reading."))
+		return
+	})
+	create("outbox.table.free_size", func() (e error) {
+		o.freeSize, e = m.Int64Gauge("outbox.table.free_size", metric.WithUnit("By"),
+			metric.WithDescription("Space allocated and not in use: InnoDB's DATA_FREE of the outbox table, SQLite's free pages, at the last table health reading."))
+		return
+	})
+	create("outbox.table.dead_rows", func() (e error) {
+		o.deadRows, e = m.Int64Gauge("outbox.table.dead_rows", metric.WithUnit("{row}"),
+			metric.WithDescription("Dead row versions of the outbox table that VACUUM has not removed yet (PostgreSQL), at the last table health reading."))
+		return
+	})
+	create("outbox.table.vacuum_age", func() (e error) {
+		o.vacuumAge, e = m.Float64Gauge("outbox.table.vacuum_age", metric.WithUnit("s"),
+			metric.WithDescription("Time since the last vacuum, manual or automatic, that the outbox table's dead rows wait on (PostgreSQL), at the last table health reading."))
+		return
+	})
+	create("outbox.table.purge_lag", func() (e error) {
+		o.purgeLag, e = m.Int64Gauge("outbox.table.purge_lag", metric.WithUnit("{transaction}"),
+			metric.WithDescription("InnoDB's history list length, server-wide: undo logs purge has not removed yet (MySQL, MariaDB), at the last table health reading."))
+		return
+	})
+	create("outbox.partitions", func() (e error) {
+		o.partitions, e = m.Int64Gauge("outbox.partitions", metric.WithUnit("{partition}"),
+			metric.WithDescription("Partitions of the outbox table, the default one included (0: not partitioned), at the last table health reading."))
+		return
+	})
+	create("outbox.partition.default.rows", func() (e error) {
+		o.defaultRows, e = m.Int64Gauge("outbox.partition.default.rows", metric.WithUnit("{row}"),
+			metric.WithDescription("The database's estimate of the rows in the outbox table's default (MAXVALUE) partition: above 0, partitions were not made ahead of time."))
+		return
+	})
+	create("outbox.partition.oldest_age", func() (e error) {
+		o.oldestPartAge, e = m.Float64Gauge("outbox.partition.oldest_age", metric.WithUnit("s"),
+			metric.WithDescription("Age of the outbox table's oldest partition, from its lower bound, at the last table health reading."))
+		return
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -228,6 +284,41 @@ func (o *Observer) OldestPending(ctx context.Context, createdAt time.Time) {
 		age = max(time.Since(createdAt), 0).Seconds()
 	}
 	o.oldestAge.Record(ctx, age, o.commonSet)
+}
+
+// TableHealth records the outbox table's health. A figure the database did not give is not recorded,
+// so that its gauge keeps no value rather than a false 0: outbox.table.free_size and
+// outbox.table.purge_lag on PostgreSQL, outbox.table.dead_rows and outbox.table.vacuum_age elsewhere,
+// the partition gauges of a table that is not partitioned (outbox.partitions is 0 there).
+func (o *Observer) TableHealth(ctx context.Context, h outboxplugin.TableHealth) {
+	record := func(g metric.Int64Gauge, v *int64) {
+		if v != nil {
+			g.Record(ctx, *v, o.commonSet)
+		}
+	}
+	record(o.tableSize, h.TotalBytes)
+	record(o.indexSize, h.IndexBytes)
+	record(o.freeSize, h.FreeBytes)
+	record(o.deadRows, h.DeadRows)
+	record(o.purgeLag, h.PurgeLag)
+	if h.LastVacuum != nil {
+		o.vacuumAge.Record(ctx, max(time.Since(*h.LastVacuum), 0).Seconds(), o.commonSet)
+	}
+	if h.TotalBytes != nil { // the catalog was read: the partitions are known, none included
+		o.partitions.Record(ctx, int64(len(h.Partitions)), o.commonSet)
+	}
+	var oldest *time.Duration
+	for _, p := range h.Partitions {
+		if p.Default {
+			record(o.defaultRows, p.Rows)
+		}
+		if p.Age != nil && (oldest == nil || *p.Age > *oldest) {
+			oldest = p.Age
+		}
+	}
+	if oldest != nil {
+		o.oldestPartAge.Record(ctx, oldest.Seconds(), o.commonSet)
+	}
 }
 
 // with returns a copy of attrs with room for two more, for the caller to append to.

@@ -139,7 +139,33 @@ var funcs = template.FuncMap{
 		}
 		return string(r[:n]) + "…"
 	},
-	"num":      func(n int64) string { return groupDigits(n) },
+	"num": func(n int64) string { return groupDigits(n) },
+	// bytes writes a size in binary units; "unknown" for a figure the database did not give.
+	"bytes": humanBytes,
+	"deref": func(n *int64) int64 {
+		if n == nil {
+			return 0
+		}
+		return *n
+	},
+	"derefTime": func(t *time.Time) time.Time {
+		if t == nil {
+			return time.Time{}
+		}
+		return *t
+	},
+	"positive": func(n *int64) bool { return n != nil && *n > 0 },
+	// partAge writes a partition's age: "3 d 4 h", "in 20 h" for one made ahead, "—" when unknown.
+	"partAge": func(d *time.Duration) string {
+		if d == nil {
+			return "—"
+		}
+		if *d < 0 {
+			return "in " + humanDuration(-*d)
+		}
+		return humanDuration(*d)
+	},
+
 	"eventURL": func(base, id string) string { return base + "events/" + url.PathEscape(id) },
 	"query": func(base, path string, kv ...string) string {
 		q := url.Values{}
@@ -173,6 +199,23 @@ var funcs = template.FuncMap{
 		return []outboxplugin.EventState{outboxplugin.StatePending, outboxplugin.StateDue, outboxplugin.StateLeased,
 			outboxplugin.StateWaiting, outboxplugin.StateScheduled, outboxplugin.StateDead, outboxplugin.StateProcessed}
 	},
+}
+
+// humanBytes writes a size the way a person reads it: "512 B", "40.0 KiB", "1.2 GiB"; "unknown" for
+// nil.
+func humanBytes(n *int64) string {
+	if n == nil {
+		return "unknown"
+	}
+	v, unit := float64(*n), 0
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	for v >= 1024 && unit < len(units)-1 {
+		v, unit = v/1024, unit+1
+	}
+	if unit == 0 {
+		return fmt.Sprintf("%d B", *n)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[unit])
 }
 
 // humanDuration writes d the way a person reads an age: "3.2 s", "4 min 10 s", "2 h 5 min", "3 d 4 h".

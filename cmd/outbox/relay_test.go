@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -397,6 +398,12 @@ func smallRun(t *testing.T, n int, args ...string) (map[string]bool, string) {
 	}
 	if sent, err := sentMessages(addr); err != nil || sent != int64(n) {
 		t.Errorf("/metrics: %d messages sent, want %d (%v)", sent, n, err)
+	}
+	// The table health the workers read as they start: the SQLite file's size, no partition.
+	if _, body, err := get(addr, "/metrics"); err != nil ||
+		!regexp.MustCompile(`(?m)^outbox_table_size_bytes(\{[^}]*\})? [1-9][0-9.e+]*$`).MatchString(body) ||
+		!regexp.MustCompile(`(?m)^outbox_partitions(\{[^}]*\})? 0$`).MatchString(body) {
+		t.Errorf("/metrics has no table size or partition count (%v):\n%s", err, body)
 	}
 	if code := p.stop(t); code != 0 {
 		t.Fatalf("relay after SIGTERM: exit %d\nstderr: %s", code, p.stderr.String())

@@ -52,7 +52,7 @@ func TestStatusJSONIsStats(t *testing.T) {
 	r := ok(t, "status", "--db", d.dsn, "--json")
 	var keys map[string]json.RawMessage
 	decode(t, r, &keys)
-	want := []string{"at", "by_type", "dead", "due", "leased", "oldest_pending", "oldest_pending_age_seconds", "pending",
+	want := []string{"at", "by_type", "dead", "due", "health", "leased", "oldest_pending", "oldest_pending_age_seconds", "pending",
 		"processed", "processed_approximate", "scheduled", "table", "table_warnings", "waiting"}
 	got := make([]string, 0, len(keys))
 	for k := range keys {
