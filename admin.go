@@ -407,9 +407,12 @@ func (a *Admin) countProcessed(ctx context.Context, others int64) (int64, bool, 
 	switch a.dialect {
 	case "postgres":
 		// The partial index holds the processed rows only: its reltuples is their count as of the
-		// last VACUUM or ANALYZE (autovacuum keeps it close). -1: never measured.
+		// last VACUUM or ANALYZE (autovacuum keeps it close). -1: never measured. On a partitioned
+		// table the index has none of its own: its partitions' indexes (the leaves of its tree) do.
 		var est sql.NullFloat64
-		err := a.q.DB().QueryRowContext(ctx, `SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)`,
+		err := a.q.DB().QueryRowContext(ctx, `SELECT COALESCE((SELECT SUM(c.reltuples) FILTER (WHERE c.reltuples >= 0)`+
+			` FROM pg_partition_tree(to_regclass($1)) t JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf AND t.relid <> to_regclass($1)),`+
+			` (SELECT reltuples FROM pg_class WHERE oid = to_regclass($1)))`,
 			pgIndexRef(a.table, gormIndexName(a.db, a.table, "processed_created_at"))).Scan(&est)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return 0, false, err

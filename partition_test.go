@@ -548,3 +548,21 @@ func TestConvertToPartitions(t *testing.T) {
 		assert.Greater(t, later.ID, fresh.ID, "the sequence outlived the legacy partition")
 	})
 }
+
+// Stats counts the processed rows of a partitioned table exactly up to ExactProcessedLimit and, past
+// it, from the estimates of its partitions' processed indexes.
+func TestStatsEstimatesProcessedAcrossPartitions(t *testing.T) {
+	d := dialectNamed(t, "postgres")
+	now := time.Now().UTC()
+	db := setupPartitioned(t, d, now.Add(-24*time.Hour))
+	n := outboxplugin.ExactProcessedLimit + 2000
+	for _, at := range []time.Time{now.Add(-24 * time.Hour), now} { // two partitions
+		require.NoError(t, db.Exec(`INSERT INTO outbox_events (message_id, event_type, payload, created_at, processed, processed_at)
+			SELECT md5(g::text || ?::text), 'done', '{}', ?::timestamptz, true, now() FROM generate_series(1, ?) g`, at.String(), at, n/2).Error)
+	}
+	require.NoError(t, db.Exec("ANALYZE outbox_events").Error)
+	stats, err := newTestAdmin(t, db).Stats(context.Background())
+	require.NoError(t, err)
+	assert.True(t, stats.ProcessedApproximate)
+	assert.InEpsilon(t, n, stats.Processed, 0.1, "the partitions' estimates, summed")
+}
