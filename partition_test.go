@@ -566,3 +566,55 @@ func TestStatsEstimatesProcessedAcrossPartitions(t *testing.T) {
 	assert.True(t, stats.ProcessedApproximate)
 	assert.InEpsilon(t, n, stats.Processed, 0.1, "the partitions' estimates, summed")
 }
+
+// Two relays' maintenance at once, turn after turn: each partition is made once and dropped once, and
+// neither fails; a turn that finds the other at work steps aside.
+func TestPartitionMaintenanceTwoRelaysAtOnce(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		ctx := context.Background()
+		start := time.Now().UTC().Add(-30 * 24 * time.Hour)
+		db := setupPartitioned(t, d, start)
+		workers := []*outboxplugin.Worker{newWorker(t, db, newRecorder()), newWorker(t, db, newRecorder())}
+		var mu sync.Mutex
+		created, dropped := map[string]int{}, map[string]int{}
+		var wg sync.WaitGroup
+		for _, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 20; i++ {
+					at := start.Add(time.Duration(i) * 24 * time.Hour)
+					res, err := outboxplugin.PartitionTurn(ctx, w, at, 48*time.Hour, true)
+					if !assert.NoError(t, err) {
+						return
+					}
+					mu.Lock()
+					for _, n := range res.Created {
+						created[n]++
+					}
+					for _, n := range res.Dropped {
+						dropped[n]++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		for n, c := range created {
+			assert.Equal(t, 1, c, "%s made once", n)
+		}
+		for n, c := range dropped {
+			assert.Equal(t, 1, c, "%s dropped once", n)
+		}
+		last := start.Add(19 * 24 * time.Hour)
+		assert.NotEmpty(t, dropped)
+		for _, name := range partitionNames(t, db, d) {
+			if name == defaultName(d) {
+				continue
+			}
+			first, err := time.Parse("20060102", name[strings.LastIndex(name, "p")+1:])
+			require.NoError(t, err)
+			assert.True(t, first.Add(24*time.Hour).After(last.Add(-48*time.Hour)), "%s is past the retention of the last turn and was not dropped", name)
+		}
+	})
+}
