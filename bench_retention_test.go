@@ -261,7 +261,7 @@ func runRetention(b *testing.B, d dialect, perDay, days int, width time.Duration
 		b.ReportMetric(float64(l.rows[days-1].before)/float64(window), l.name+"-size/day")
 		b.ReportMetric(float64(l.rows[days-1].cleanup.Microseconds())/1000, l.name+"-cleanups-ms/day")
 	}
-	b.Log("\n" + sb.String())
+	fmt.Print(sb.String()) // not b.Log, which cuts a benchmark's log short
 }
 
 // fillDay writes n pending events created from from over span, with payloads of about 250 bytes.

@@ -518,8 +518,19 @@ func (l Layout) overlaps(from, to time.Time) bool {
 func (t Table) Unfinished(ctx context.Context, q Querier, p Partition, limit int) (pending, dead int64, err error) {
 	from := t.partitionRef(p)
 	lim := strconv.Itoa(limit)
-	rows, err := q.QueryContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` WHERE processed = false AND dead_at IS NULL LIMIT `+lim+`) a),`+
-		` (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` WHERE dead_at IS NOT NULL LIMIT `+lim+`) b)`)
+	// Each read in the order of the index that holds its rows, so that the planner reads that index
+	// whatever its statistics say: a partition nobody has analysed yet, whose every row is processed,
+	// was read whole (a sequential scan that expected to meet a dead row soon) — most of a drop's
+	// time. The pending rows are the head of the claim index (processed, dead_at, next_attempt_at,
+	// created_at, id); the dead ones PostgreSQL's dead index (dead_at, id), and on MySQL, which has
+	// none, the claim index's run of unprocessed rows with a dead_at.
+	deadRun := `WHERE dead_at IS NOT NULL ORDER BY dead_at, id`
+	if t.Dialect != Postgres {
+		deadRun = `WHERE processed = false AND dead_at IS NOT NULL ORDER BY processed, dead_at`
+	}
+	rows, err := q.QueryContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` WHERE processed = false AND dead_at IS NULL`+
+		` ORDER BY processed, dead_at, next_attempt_at, created_at, id LIMIT `+lim+`) a),`+
+		` (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` `+deadRun+` LIMIT `+lim+`) b)`)
 	if err != nil {
 		return 0, 0, err
 	}
