@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -310,13 +311,20 @@ func appendLiteral(b *strings.Builder, v any, utcTimes bool) bool {
 
 // timeLiterals finds out, once, whether the driver sends times in UTC (go-sql-driver converts them to
 // the DSN's loc, UTC unless it says otherwise): only then does a literal in UTC store what the driver
-// would. It asks the server to echo a winter and a summer time; a failed probe is tried again at the
-// next statement, and until it succeeds times stay arguments.
+// would. It asks the server to echo a winter and a summer time; until a probe succeeds times stay
+// arguments. For the literals a failed probe is tried again no sooner than probeRetry later: a probe
+// waits up to 5 s for a connection, and a caller that holds the pool's only one (an Admin cleanup on a
+// pool of one) paid that wait at every statement.
 type timeLiterals struct {
-	mu    sync.Mutex
-	known bool
-	isUTC bool
+	mu       sync.Mutex
+	known    bool
+	isUTC    bool
+	attempts int       // probes run, for tests
+	next     time.Time // no probe before then, after a failed one
 }
+
+// probeRetry is how long after a failed probe the next one waits.
+const probeRetry = time.Minute
 
 func (t *timeLiterals) utc(db *sql.DB) bool {
 	if db == nil {
@@ -324,17 +332,27 @@ func (t *timeLiterals) utc(db *sql.DB) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	utc, err := t.probe(ctx, db)
+	utc, err := t.probe(ctx, db, true)
 	return err == nil && utc
 }
 
+// errProbeLater: a probe failed a moment ago, and is not tried again yet.
+var errProbeLater = errors.New("the time probe failed a moment ago")
+
 // probe is utc with the error of a probe that could not run.
-func (t *timeLiterals) probe(ctx context.Context, db *sql.DB) (bool, error) {
+// With backoff (the literals' probe) it runs no sooner than probeRetry after a failed one; without it
+// (the claim's statements being written, which cannot go on without the answer) it always runs.
+func (t *timeLiterals) probe(ctx context.Context, db *sql.DB, backoff bool) (bool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.known {
 		return t.isUTC, nil
 	}
+	if backoff && time.Now().Before(t.next) {
+		return false, errProbeLater
+	}
+	t.attempts++
+	t.next = time.Now().Add(probeRetry)
 	winter := time.Date(2001, 1, 2, 3, 4, 5, 123456000, time.UTC)
 	summer := time.Date(2001, 7, 2, 3, 4, 5, 123456000, time.UTC)
 	var w, s string
@@ -406,7 +424,7 @@ func (*mysqlRelay) clock(now time.Time) time.Time { return now.Truncate(time.Mic
 // in UTC) stores local times, which the server's UTC clock cannot be compared with: the statements
 // then take the worker's clock, as the application's writes do, and relays' clocks must agree.
 func (d *mysqlRelay) timeSQL(ctx context.Context, db *sql.DB) (dbTime, error) {
-	utc, err := d.times.probe(ctx, db)
+	utc, err := d.times.probe(ctx, db, false)
 	if err != nil {
 		return dbTime{}, err
 	}
