@@ -324,18 +324,11 @@ func (t Table) estimate(ctx context.Context, q Querier, p Partition) (int64, err
 		query, args = `SELECT COALESCE(table_rows, 0) FROM information_schema.partitions WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE())`+
 			` AND table_name = ? AND partition_name = ?`, []any{t.Schema, t.Name, p.Name}
 	}
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
+	var n int64
+	if err := queryRow(ctx, q, query, args, &n); err != nil {
 		return 0, fmt.Errorf("estimate partition %s: %w", p.Name, err)
 	}
-	defer rows.Close()
-	var n int64
-	for rows.Next() {
-		if err := rows.Scan(&n); err != nil {
-			return 0, err
-		}
-	}
-	return n, rows.Err()
+	return n, nil
 }
 
 // CleanChunk is how many rows one statement of the default partition's cleanup deletes.

@@ -165,7 +165,7 @@ func (t Table) PartitionBy(now time.Time, every time.Duration) string {
 	if t.Dialect == Postgres {
 		return "PARTITION BY RANGE (created_at)"
 	}
-	return "PARTITION BY RANGE COLUMNS(created_at) (\n" + t.mysqlPartitions(slots(now, every)) + "\n)"
+	return "PARTITION BY RANGE COLUMNS(created_at) (\n" + t.mysqlPartitions(slots(now, every), every) + "\n)"
 }
 
 // slots are the starts of the intervals a table needs made at now: the current one and Ahead more.
@@ -176,25 +176,6 @@ func slots(now time.Time, every time.Duration) []time.Time {
 		out = append(out, first.Add(time.Duration(i)*every))
 	}
 	return out
-}
-
-// mysqlPartitions lists the partitions that start at starts (consecutive, each every wide) and the
-// MAXVALUE one after them, as REORGANIZE PARTITION and CREATE TABLE take them.
-func (t Table) mysqlPartitions(starts []time.Time) string {
-	var b strings.Builder
-	every := time.Duration(0)
-	if len(starts) > 1 {
-		every = starts[1].Sub(starts[0])
-	}
-	for i, s := range starts {
-		end := s.Add(every)
-		if i+1 < len(starts) {
-			end = starts[i+1]
-		}
-		fmt.Fprintf(&b, "\tPARTITION %s VALUES LESS THAN (%s),\n", t.quote(t.name(s, every)), t.literal(end))
-	}
-	b.WriteString("\tPARTITION " + t.quote(t.defaultName()) + " VALUES LESS THAN (MAXVALUE)")
-	return b.String()
 }
 
 // NewPartitions are the statements that make a new PostgreSQL table's partitions, after its CREATE
@@ -270,20 +251,9 @@ func sortByTo(ps []Partition) {
 
 func (t Table) readPG(ctx context.Context, q Querier, l *Layout) error {
 	var kind, key sql.NullString
-	rows, err := q.QueryContext(ctx, `SELECT c.relkind::text, CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END`+
-		` FROM pg_class c WHERE c.oid = to_regclass($1)`, t.Quoted())
-	if err != nil {
-		return err
-	}
-	found := false
-	for rows.Next() {
-		found = true
-		if err := rows.Scan(&kind, &key); err != nil {
-			rows.Close()
-			return err
-		}
-	}
-	if err := errors.Join(rows.Err(), rows.Close()); err != nil || !found || kind.String != "p" {
+	// No row (no such table) leaves kind empty: not partitioned.
+	if err := queryRow(ctx, q, `SELECT c.relkind::text, CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END`+
+		` FROM pg_class c WHERE c.oid = to_regclass($1)`, []any{t.Quoted()}, &kind, &key); err != nil || kind.String != "p" {
 		return err
 	}
 	if key.String != "RANGE (created_at)" {
@@ -292,7 +262,7 @@ func (t Table) readPG(ctx context.Context, q Querier, l *Layout) error {
 	l.Partitioned = true
 	// The bounds as the catalog writes them, in UTC whatever the session's zone: pg_get_expr
 	// writes a timestamptz in the session's.
-	rows, err = q.QueryContext(ctx, `SELECT c.relname::text, c.relpartbound IS NOT NULL AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT',`+
+	rows, err := q.QueryContext(ctx, `SELECT c.relname::text, c.relpartbound IS NOT NULL AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT',`+
 		` COALESCE((regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1], ''),`+
 		` COALESCE((regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1], ''),`+
 		` COALESCE(array_to_string(c.reloptions, ','), '')`+
@@ -453,7 +423,7 @@ func (t Table) Plan(ctx context.Context, q Querier, l Layout, now time.Time) (st
 		}
 		// starts are consecutive from the newest partition's end; the last one ends at end.
 		return []Step{{Partitions: names, SQL: []string{"ALTER TABLE " + t.Quoted() + " REORGANIZE PARTITION " +
-			t.quote(t.defaultName()) + " INTO (\n" + t.mysqlReorganize(starts, every) + "\n)"}}}, nil, nil
+			t.quote(t.defaultName()) + " INTO (\n" + t.mysqlPartitions(starts, every) + "\n)"}}}, nil, nil
 	}
 	dflt, hasDefault := l.Default()
 	with := ""
@@ -467,17 +437,8 @@ func (t Table) Plan(ctx context.Context, q Querier, l Layout, now time.Time) (st
 		name := t.name(s, every)
 		if hasDefault {
 			var held bool
-			rows, err := q.QueryContext(ctx, `SELECT EXISTS (SELECT 1 FROM ONLY `+t.qualify(dflt.Name)+` WHERE created_at >= $1 AND created_at < $2)`, s, s.Add(every))
-			if err != nil {
-				return nil, nil, err
-			}
-			for rows.Next() {
-				if err := rows.Scan(&held); err != nil {
-					rows.Close()
-					return nil, nil, err
-				}
-			}
-			if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			if err := queryRow(ctx, q, `SELECT EXISTS (SELECT 1 FROM ONLY `+t.qualify(dflt.Name)+` WHERE created_at >= $1 AND created_at < $2)`,
+				[]any{s, s.Add(every)}, &held); err != nil {
 				return nil, nil, err
 			}
 			if held {
@@ -493,8 +454,9 @@ func (t Table) Plan(ctx context.Context, q Querier, l Layout, now time.Time) (st
 	return steps, skipped, nil
 }
 
-// mysqlReorganize lists the partitions that start at starts, each every wide, and MAXVALUE's after them.
-func (t Table) mysqlReorganize(starts []time.Time, every time.Duration) string {
+// mysqlPartitions lists the partitions that start at starts, each every wide, and the MAXVALUE one
+// after them, as CREATE TABLE and REORGANIZE PARTITION take them.
+func (t Table) mysqlPartitions(starts []time.Time, every time.Duration) string {
 	var b strings.Builder
 	for _, s := range starts {
 		fmt.Fprintf(&b, "\tPARTITION %s VALUES LESS THAN (%s),\n", t.quote(t.name(s, every)), t.literal(s.Add(every)))
@@ -528,19 +490,10 @@ func (t Table) Unfinished(ctx context.Context, q Querier, p Partition, limit int
 	if t.Dialect != Postgres {
 		deadRun = `WHERE processed = false AND dead_at IS NOT NULL ORDER BY processed, dead_at`
 	}
-	rows, err := q.QueryContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` WHERE processed = false AND dead_at IS NULL`+
+	err = queryRow(ctx, q, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` WHERE processed = false AND dead_at IS NULL`+
 		` ORDER BY processed, dead_at, next_attempt_at, created_at, id LIMIT `+lim+`) a),`+
-		` (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` `+deadRun+` LIMIT `+lim+`) b)`)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := rows.Scan(&pending, &dead); err != nil {
-			return 0, 0, err
-		}
-	}
-	return pending, dead, rows.Err()
+		` (SELECT COUNT(*) FROM (SELECT 1 FROM `+from+` `+deadRun+` LIMIT `+lim+`) b)`, nil, &pending, &dead)
+	return pending, dead, err
 }
 
 // partitionRef names partition p's rows in a FROM clause.
@@ -553,16 +506,23 @@ func (t Table) partitionRef(p Partition) string {
 
 // Rows counts, up to limit, the rows of partition p.
 func (t Table) Rows(ctx context.Context, q Querier, p Partition, limit int) (int64, error) {
-	rows, err := q.QueryContext(ctx, `SELECT COUNT(*) FROM (SELECT 1 FROM `+t.partitionRef(p)+` LIMIT `+strconv.Itoa(limit)+`) r`)
+	var n int64
+	err := queryRow(ctx, q, `SELECT COUNT(*) FROM (SELECT 1 FROM `+t.partitionRef(p)+` LIMIT `+strconv.Itoa(limit)+`) r`, nil, &n)
+	return n, err
+}
+
+// queryRow scans the one row query returns into dest (which stays as it is when there is none):
+// QueryRowContext's, for a Querier, which has only QueryContext.
+func queryRow(ctx context.Context, q Querier, query string, args []any, dest ...any) error {
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer rows.Close()
-	var n int64
-	for rows.Next() {
-		if err := rows.Scan(&n); err != nil {
-			return 0, err
+	if rows.Next() {
+		if err := rows.Scan(dest...); err != nil {
+			return err
 		}
 	}
-	return n, rows.Err()
+	return rows.Err()
 }
