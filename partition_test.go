@@ -2,6 +2,7 @@ package outboxplugin_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"sort"
@@ -16,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outboxplugin"
+	"github.com/gorm-outbox/outboxplugin/internal/partition"
 )
 
 // The partitioned outbox (WithPartitions) on PostgreSQL and MariaDB: made by AutoMigrate, kept by the
@@ -616,5 +618,42 @@ func TestPartitionMaintenanceTwoRelaysAtOnce(t *testing.T) {
 			require.NoError(t, err)
 			assert.True(t, first.Add(24*time.Hour).After(last.Add(-48*time.Hour)), "%s is past the retention of the last turn and was not dropped", name)
 		}
+	})
+}
+
+// A partition dropped by another session while the catalog is read is left out, not an error: the
+// catalog's rows come from the query's snapshot, but pg_get_expr reads the partition from the catalog
+// cache, which has already lost it (a relay's turn beside another's drop failed the turn on this). A
+// REPEATABLE READ transaction whose snapshot predates the drop makes the window as wide as needed.
+func TestPartitionReadBesideADrop(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		if d.server() != "postgres" {
+			t.Skip("MySQL's information_schema has no such window: a partition's row and its bounds are read together")
+		}
+		ctx := context.Background()
+		now := time.Now().UTC()
+		db := setupPartitioned(t, d, now)
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		tx, err := sqlDB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		require.NoError(t, err)
+		defer tx.Rollback()
+		var one int
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one), "take the snapshot")
+
+		gone := dayName(d, now)
+		require.NoError(t, db.Session(&gorm.Session{NewDB: true}).Exec(`DROP TABLE "`+gone+`"`).Error)
+
+		table := partition.NewTable(partition.Postgres, "outbox_events")
+		l, err := table.Read(ctx, tx)
+		require.NoError(t, err)
+		require.True(t, l.Partitioned)
+		var names []string
+		for _, p := range l.Partitions {
+			names = append(names, p.Name)
+		}
+		assert.NotContains(t, names, gone)
+		assert.Contains(t, names, dayName(d, now.Add(24*time.Hour)), "the partitions still there are read")
+		assert.Contains(t, names, defaultName(d))
 	})
 }

@@ -268,7 +268,7 @@ func readPostgresHealth(ctx context.Context, db *sql.DB, table string, at time.T
 		`SELECT c.oid <> r.oid, `+
 		`CASE WHEN c.relnamespace = p.relnamespace THEN c.relname::text ELSE c.oid::regclass::text END, `+
 		`COALESCE(pg_get_expr(c.relpartbound, c.oid), ''), `+
-		`pg_total_relation_size(c.oid), pg_relation_size(c.oid), pg_indexes_size(c.oid), `+
+		`pg_total_relation_size(c.oid), COALESCE(pg_relation_size(c.oid), 0), COALESCE(pg_indexes_size(c.oid), 0), `+
 		`s.n_live_tup, s.n_dead_tup, GREATEST(s.last_vacuum, s.last_autovacuum), GREATEST(s.last_analyze, s.last_autoanalyze) `+
 		`FROM leaves l JOIN pg_class c ON c.oid = l.oid CROSS JOIN r JOIN pg_class p ON p.oid = r.oid `+
 		`LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid`, sqlname.PG(table))
@@ -285,19 +285,25 @@ func readPostgresHealth(ctx context.Context, db *sql.DB, table string, at time.T
 	)
 	for rows.Next() {
 		var (
-			isPartition               bool
-			name, bound               string
-			size, heapSize, indexSize int64
-			nLive, nDead              sql.NullInt64
-			lastVacuum, lastAnalyze   sql.NullTime
+			isPartition             bool
+			name, bound             string
+			size                    sql.NullInt64
+			heapSize, indexSize     int64
+			nLive, nDead            sql.NullInt64
+			lastVacuum, lastAnalyze sql.NullTime
 		)
 		if err := rows.Scan(&isPartition, &name, &bound, &size, &heapSize, &indexSize, &nLive, &nDead, &lastVacuum, &lastAnalyze); err != nil {
 			unread("pg_partition_tree", err)
 			h.Partitions = nil
 			return
 		}
+		if !size.Valid {
+			// The size functions answer NULL for a relation dropped after the query's snapshot was
+			// taken: a partition the relay's cleanup dropped meanwhile. It is gone; leave it out.
+			continue
+		}
 		leaves++
-		total, heap, index = total+size, heap+heapSize, index+indexSize
+		total, heap, index = total+size.Int64, heap+heapSize, index+indexSize
 		if nLive.Valid {
 			statsSeen = true
 			live, dead = live+nLive.Int64, dead+nDead.Int64
@@ -308,7 +314,7 @@ func readPostgresHealth(ctx context.Context, db *sql.DB, table string, at time.T
 			continue
 		}
 		p := PartitionHealth{Name: name, Bound: bound, Default: bound == "DEFAULT",
-			TotalBytes: ptr(size), IndexBytes: ptr(indexSize), LastVacuum: nullTime(lastVacuum)}
+			TotalBytes: ptr(size.Int64), IndexBytes: ptr(indexSize), LastVacuum: nullTime(lastVacuum)}
 		if nLive.Valid {
 			p.Rows, p.DeadRows = ptr(nLive.Int64), ptr(nDead.Int64)
 		}

@@ -202,6 +202,11 @@ func (t Table) setLockTimeout(ctx context.Context, held Execer) (restore func(),
 func (t Table) retire(ctx context.Context, conn *sql.Conn, p Partition, guard Guard, r *Result) error {
 	pending, dead, err := t.Unfinished(ctx, conn, p, KeptCountLimit)
 	if err != nil {
+		// The layout was read without the lock: another maintainer may have dropped p since
+		// (PostgreSQL: relation does not exist; MySQL: unknown partition). Gone is what retire wants.
+		if l, rerr := t.Read(ctx, conn); rerr == nil && !l.has(p) {
+			return nil
+		}
 		return fmt.Errorf("check partition %s: %w", p.Name, err)
 	}
 	if pending > 0 || dead > 0 {
@@ -250,11 +255,7 @@ func (t Table) dropStep(ctx context.Context, p Partition, guard Guard, r *Result
 	if err != nil {
 		return "", err
 	}
-	found := false
-	for _, q := range l.Partitions {
-		found = found || (q.Name == p.Name && q.To.Equal(p.To) && !q.Default)
-	}
-	if !found {
+	if !l.has(p) {
 		return "gone", nil
 	}
 	restore, err := t.setLockTimeout(ctx, held)

@@ -20,6 +20,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -261,10 +262,11 @@ func (t Table) readPG(ctx context.Context, q Querier, l *Layout) error {
 	}
 	l.Partitioned = true
 	// The bounds as the catalog writes them, in UTC whatever the session's zone: pg_get_expr
-	// writes a timestamptz in the session's.
-	rows, err := q.QueryContext(ctx, `SELECT c.relname::text, c.relpartbound IS NOT NULL AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT',`+
-		` COALESCE((regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1], ''),`+
-		` COALESCE((regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1], ''),`+
+	// writes a timestamptz in the session's. pg_get_expr is called once per row and its text taken
+	// apart here: it reads the partition from the catalog cache, not from the query's snapshot, so a
+	// partition another session dropped after the query's snapshot was taken answers NULL (a relay's
+	// cleanup beside another's turn, or beside Stats). Such a partition is gone and is left out.
+	rows, err := q.QueryContext(ctx, `SELECT c.relname::text, pg_get_expr(c.relpartbound, c.oid),`+
 		` COALESCE(array_to_string(c.reloptions, ','), '')`+
 		` FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)`, t.Quoted())
 	if err != nil {
@@ -274,10 +276,19 @@ func (t Table) readPG(ctx context.Context, q Querier, l *Layout) error {
 	var newest time.Time
 	for rows.Next() {
 		var p Partition
-		var from, to, options string
-		if err := rows.Scan(&p.Name, &p.Default, &from, &to, &options); err != nil {
+		var bound sql.NullString
+		var options string
+		if err := rows.Scan(&p.Name, &bound, &options); err != nil {
 			return err
 		}
+		if !bound.Valid {
+			continue
+		}
+		from, to, def, ok := splitPGBound(bound.String)
+		if !ok {
+			return fmt.Errorf("partition %s: unreadable bound %q", p.Name, bound.String)
+		}
+		p.Default = def
 		if !p.Default {
 			if p.From, err = parsePGBound(from); err != nil {
 				return fmt.Errorf("partition %s: %w", p.Name, err)
@@ -300,6 +311,22 @@ func (t Table) readPG(ctx context.Context, q Querier, l *Layout) error {
 	}
 	return rows.Err()
 }
+
+// splitPGBound takes apart a range partition's bound as pg_get_expr writes it: "DEFAULT", or
+// "FOR VALUES FROM ('2026-12-07 00:00:00+00') TO ('2026-12-08 00:00:00+00')", with MINVALUE or
+// MAXVALUE (returned as "") for an open end.
+func splitPGBound(bound string) (from, to string, def, ok bool) {
+	if bound == "DEFAULT" {
+		return "", "", true, true
+	}
+	m := pgBound.FindStringSubmatch(bound)
+	if m == nil {
+		return "", "", false, false
+	}
+	return m[1], m[2], false, true
+}
+
+var pgBound = regexp.MustCompile(`^FOR VALUES FROM \((?:'([^']*)'|MINVALUE)\) TO \((?:'([^']*)'|MAXVALUE)\)$`)
 
 // parsePGBound reads a timestamptz bound as pg_get_expr writes it ("2026-12-07 00:00:00+00",
 // "2026-12-07 05:30:00+05:30", with a fraction when it has one); "" (MINVALUE, MAXVALUE) is zero.
@@ -357,6 +384,16 @@ func (l Layout) Default() (Partition, bool) {
 		}
 	}
 	return Partition{}, false
+}
+
+// has reports whether l still has range partition p, with its bounds.
+func (l Layout) has(p Partition) bool {
+	for _, q := range l.Partitions {
+		if q.Name == p.Name && q.To.Equal(p.To) && !q.Default {
+			return true
+		}
+	}
+	return false
 }
 
 // covered reports whether a partition other than the default holds created_at at.

@@ -82,3 +82,22 @@ func TestNames(t *testing.T) {
 		t.Error("MySQL's partitions are named apart from the table")
 	}
 }
+
+func TestSplitPGBound(t *testing.T) {
+	for _, c := range []struct {
+		bound, from, to string
+		def, ok         bool
+	}{
+		{"DEFAULT", "", "", true, true},
+		{"FOR VALUES FROM ('2026-12-07 00:00:00+00') TO ('2026-12-08 00:00:00+00')", "2026-12-07 00:00:00+00", "2026-12-08 00:00:00+00", false, true},
+		{"FOR VALUES FROM (MINVALUE) TO ('2026-12-07 00:00:00+00')", "", "2026-12-07 00:00:00+00", false, true},
+		{"FOR VALUES FROM ('2026-12-07 00:00:00+00') TO (MAXVALUE)", "2026-12-07 00:00:00+00", "", false, true},
+		{"FOR VALUES IN (1, 2)", "", "", false, false},
+		{"", "", "", false, false},
+	} {
+		from, to, def, ok := splitPGBound(c.bound)
+		if from != c.from || to != c.to || def != c.def || ok != c.ok {
+			t.Errorf("%q: %q %q %v %v", c.bound, from, to, def, ok)
+		}
+	}
+}
