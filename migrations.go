@@ -218,15 +218,39 @@ const (
 // its own (tell the tool which version the table is at first: golang-migrate's force, goose's
 // version table; `outbox migrate --dry-run` on the database prints the steps it lacks). Every file
 // has its down migration. The per-key ordering index (WithKeyOrderingIndex) is not among them:
-// SchemaSQL with that option prints its statement, to add as a migration of your own. It reads no
-// database; the repository's migrations folder holds the files of DefaultTableName.
-func MigrationFiles(format MigrationFormat, dialect, table string) (fs.FS, error) {
+// SchemaSQL with that option prints its statement, to add as a migration of your own; the option is
+// refused here. It reads no database; the repository's migrations folder holds the files of
+// DefaultTableName.
+//
+// With WithPartitions (PostgreSQL, MySQL/MariaDB) the files are those of a new partitioned table
+// instead: a single version, numbered as the current schema (the versions of later releases follow
+// it, as they follow the plain table's), named create_partitioned_table, that creates the table as
+// AutoMigrate with the option does, with what SchemaSQL with the option returns: the partitions of
+// the interval that holds the time MigrationFiles is called and of the next two, and the default
+// partition. Applied later, the relay's maintenance makes the partitions missing by then (at its
+// start, and every ten minutes); until it does, writes land in the default partition. Its down
+// migration drops the table. WithKeyOrderingIndex is taken with it: the index is created with the
+// table. An existing table is converted by hand, not by a migration: docs/operations.md, "Partitioned
+// outbox".
+func MigrationFiles(format MigrationFormat, dialect, table string, opts ...MigrateOption) (fs.FS, error) {
 	d, err := newDDL(dialect, table)
 	if err != nil {
 		return nil, err
 	}
+	cfg := newMigrateConfig(opts)
+	if err := d.partitionWith(cfg); err != nil {
+		return nil, err
+	}
+	steps := schemaSteps
+	switch {
+	case cfg.partitioned:
+		steps = []schemaStep{partitionedStep(cfg.keyOrdering)}
+	case cfg.keyOrdering:
+		return nil, fmt.Errorf("outboxplugin: %w: WithKeyOrderingIndex: the migration files of the plain table leave the per-key ordering index out; "+
+			"SchemaSQL with the option returns its statement, to add as a migration of your own", ErrInvalidOption)
+	}
 	files := memFS{}
-	for _, st := range schemaSteps {
+	for _, st := range steps {
 		up, down := st.up(d), st.down(d)
 		header := st.header(d)
 		switch format {
@@ -246,6 +270,26 @@ func MigrationFiles(format MigrationFormat, dialect, table string) (fs.FS, error
 		}
 	}
 	return files, nil
+}
+
+// partitionedStep is the one version of a new partitioned table's files (MigrationFiles with
+// WithPartitions): the current schema, partitioned, as SchemaSQL writes it.
+func partitionedStep(keyOrdering bool) schemaStep {
+	return schemaStep{
+		version: latestSchemaVersion, name: "create_partitioned_table",
+		about: []string{
+			"The outbox table of the current schema, partitioned by range of created_at: the partitions of",
+			"the interval that held the time these files were made and of the next two, and a default",
+			"partition for the rows no other holds. The relay's maintenance makes the next partitions (at",
+			"its start, and every ten minutes) and its cleanup drops the old ones whole.",
+			"It stands for every version of the plain table up to its own: the versions of later releases",
+			"follow it.",
+		},
+		up: func(d ddl) []string { return d.createCurrent(keyOrdering) },
+		down: func(d ddl) []string {
+			return []string{"DROP TABLE " + d.quotedTable()}
+		},
+	}
 }
 
 // header is the comment at the top of a step's files.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -164,4 +165,56 @@ func TestMigrationFilesTableName(t *testing.T) {
 	mysql, err := outboxplugin.SchemaSQL("mysql", "")
 	require.NoError(t, err)
 	assert.Equal(t, mysql, mariadb)
+}
+
+// With WithPartitions the files are one version, the current schema's number, that creates the
+// partitioned table with what SchemaSQL with the option returns (the partitions of the interval that
+// holds now and the next two) and drops it going down. SQLite, a width of part of an hour and the
+// per-key index without partitions are refused.
+func TestMigrationFilesPartitioned(t *testing.T) {
+	now := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
+	for _, dialect := range []string{"postgres", "mysql"} {
+		for _, format := range migrationFormats {
+			t.Run(dialect+"/"+string(format), func(t *testing.T) {
+				opts := []outboxplugin.MigrateOption{outboxplugin.WithPartitions(12 * time.Hour), outboxplugin.WithMigrateNow(now)}
+				fsys, err := outboxplugin.MigrationFiles(format, dialect, "", opts...)
+				require.NoError(t, err)
+				files := readFS(t, fsys, ".")
+				want, err := outboxplugin.SchemaSQL(dialect, "", opts...)
+				require.NoError(t, err)
+				up, down := "000009_create_partitioned_table.up.sql", "000009_create_partitioned_table.down.sql"
+				if format == outboxplugin.Goose {
+					require.Len(t, files, 1)
+					body := files["00009_create_partitioned_table.sql"]
+					require.Contains(t, body, "\n-- +goose Down\n")
+					assert.False(t, strings.HasPrefix(body, "-- +goose NO TRANSACTION"), "it runs in a transaction")
+					upPart, downPart, _ := strings.Cut(body, "\n-- +goose Down\n")
+					files = map[string]string{up: upPart, down: downPart}
+				}
+				require.Len(t, files, 2)
+				assert.Equal(t, want, sqlStatements(files[up]), "the statements of SchemaSQL")
+				assert.Contains(t, files[up], "p20261207") // the half day of now
+				assert.Contains(t, files[up], "p2026120812")
+				if dialect == "mysql" {
+					assert.Len(t, sqlStatements(files[up]), 1, "one statement per MySQL file")
+				}
+				assert.Len(t, sqlStatements(files[down]), 1)
+				assert.Contains(t, files[down], "DROP TABLE")
+
+				withIndex, err := outboxplugin.MigrationFiles(format, dialect, "", append(opts, outboxplugin.WithKeyOrderingIndex())...)
+				require.NoError(t, err)
+				var all strings.Builder
+				for _, body := range readFS(t, withIndex, ".") {
+					all.WriteString(body)
+				}
+				assert.Contains(t, all.String(), "idx_outbox_events_key_pending")
+			})
+		}
+	}
+	_, err := outboxplugin.MigrationFiles(outboxplugin.Goose, "sqlite", "", outboxplugin.WithPartitions(0))
+	assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
+	_, err = outboxplugin.MigrationFiles(outboxplugin.Goose, "postgres", "", outboxplugin.WithPartitions(90*time.Minute))
+	assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
+	_, err = outboxplugin.MigrationFiles(outboxplugin.Goose, "postgres", "", outboxplugin.WithKeyOrderingIndex())
+	assert.ErrorIs(t, err, outboxplugin.ErrInvalidOption)
 }

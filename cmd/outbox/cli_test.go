@@ -122,8 +122,19 @@ func TestMigrateDryRunWithoutADatabase(t *testing.T) {
 			t.Errorf("--partitions 24h: no %s in:\n%s", want, r.stdout)
 		}
 	}
+	// The migration files of a new partitioned table: one version, with the index asked for.
+	r = ok(t, "migrate", "--dry-run", "--dialect", "mysql", "--format", "goose", "--partitions", "24h", "--key-ordering-index")
+	for _, want := range []string{"-- ==> 00009_create_partitioned_table.sql <==", "PARTITION BY RANGE COLUMNS(created_at)",
+		"INDEX `idx_outbox_events_key_pending`", "-- +goose Down\nDROP TABLE `outbox_events`;"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--format goose --partitions 24h: no %s in:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Count(r.stdout, "-- ==> ") != 1 {
+		t.Errorf("--format goose --partitions 24h: want one file:\n%s", r.stdout)
+	}
 	for _, args := range [][]string{
-		{"migrate", "--dry-run", "--dialect", "postgres", "--format", "goose", "--partitions", "24h"},
+		{"migrate", "--dry-run", "--dialect", "sqlite", "--format", "goose", "--partitions", "24h"},
 		{"migrate", "--dry-run", "--dialect", "sqlite", "--partitions", "24h"},    // SQLite has none
 		{"migrate", "--dry-run", "--dialect", "postgres", "--partitions", "90m"},  // not whole hours
 		{"migrate", "--dry-run", "--dialect", "postgres", "--partitions", "-24h"}, // negative

@@ -53,7 +53,11 @@ exist.
 in partitions WIDTH wide (24h: a day, from midnight UTC; a whole number of hours), with those of the
 current interval and the next two and a default partition; the relay makes the next ones and its
 cleanup drops the old ones whole. On a partitioned table it makes the partitions it lacks now; on a
-table that is not partitioned it fails (docs/operations.md, "Partitioned outbox", converts one).`,
+table that is not partitioned it fails (docs/operations.md, "Partitioned outbox", converts one). With
+--format golang-migrate or goose, the files are those of a new partitioned table: one version, that
+creates it with the partitions of the current interval and the next two (the relay makes those
+missing when the files are applied later). --key-ordering-index goes into those files; the plain
+table's files leave it out (print its statement with --format sql).`,
 		Example: `  outbox migrate --db postgres://app@db.internal/shop --dry-run
   outbox migrate --db shop.db --table events --key-ordering-index
   outbox migrate --dry-run --dialect postgres --table audit.events
@@ -77,7 +81,7 @@ table that is not partitioned it fails (docs/operations.md, "Partitioned outbox"
 			case dialect == "" && (output != "" || cmd.Flags().Changed("format")):
 				return usagef("--format and --output need --dialect (the files do not depend on a database's state)")
 			case dialect != "":
-				return a.printSchema(dialect, format, output, keyOrdering || cmd.Flags().Changed("partitions"), opts)
+				return a.printSchema(dialect, format, output, opts)
 			}
 			db, err := a.open(cmd.Context(), !dryRun) // a dry run creates no SQLite file
 			if err != nil {
@@ -136,8 +140,7 @@ func (a *app) printStatements(statements []string, none string) error {
 
 // printSchema prints, without a database, the current schema of dialect (format sql) or its
 // migration files, or writes the files into output.
-// ownMigration: the options ask for what the files leave out (the per-key ordering index, partitions).
-func (a *app) printSchema(dialect, format, output string, ownMigration bool, opts []outboxplugin.MigrateOption) error {
+func (a *app) printSchema(dialect, format, output string, opts []outboxplugin.MigrateOption) error {
 	switch format {
 	case formatSQL:
 		if output != "" {
@@ -152,10 +155,7 @@ func (a *app) printSchema(dialect, format, output string, ownMigration bool, opt
 	default:
 		return usagef("--format %q: want sql, golang-migrate or goose", format)
 	}
-	if ownMigration {
-		return usagef("--key-ordering-index, --partitions: the migration files are those of the plain table; print the statements with --format sql and add them as a migration of your own")
-	}
-	fsys, err := outboxplugin.MigrationFiles(outboxplugin.MigrationFormat(format), dialect, a.table)
+	fsys, err := outboxplugin.MigrationFiles(outboxplugin.MigrationFormat(format), dialect, a.table, opts...)
 	if err != nil {
 		return usageError{err}
 	}

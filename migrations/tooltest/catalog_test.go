@@ -9,7 +9,8 @@ import (
 
 // catalog describes the outbox table of a database as the database sees it: one line per column
 // (name, type, nullability, default), per index (its definition, or its columns in order), per
-// constraint and storage setting. Two tables with the same catalog are the same table to the plugin.
+// constraint and storage setting, and per partition (its bounds, and on PostgreSQL its storage). Two
+// tables with the same catalog are the same table to the plugin.
 func catalog(t *testing.T, d *database, table string) []string {
 	t.Helper()
 	var lines []string
@@ -51,6 +52,9 @@ func catalog(t *testing.T, d *database, table string) []string {
 		query("index", `SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1`, table)
 		query("constraint", `SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = to_regclass($1)`, table)
 		query("storage", `SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = to_regclass($1)`, table)
+		query("partitioned", `SELECT pg_get_partkeydef(partrelid) FROM pg_partitioned_table WHERE partrelid = to_regclass($1)`, table)
+		query("partition", `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), COALESCE(array_to_string(c.reloptions, ','), '')
+			FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)`, table)
 	case "mysql":
 		query("column", `SELECT column_name, column_type, is_nullable, COALESCE(column_default, 'NULL'), extra
 			FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? ORDER BY ordinal_position`, table)
@@ -58,6 +62,8 @@ func catalog(t *testing.T, d *database, table string) []string {
 			FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? GROUP BY index_name, non_unique`, table)
 		query("check", `SELECT constraint_name, check_clause FROM information_schema.check_constraints
 			WHERE constraint_schema = DATABASE() AND table_name = ?`, table)
+		query("partition", `SELECT partition_name, partition_method, partition_expression, partition_description
+			FROM information_schema.partitions WHERE table_schema = DATABASE() AND table_name = ? AND partition_name IS NOT NULL`, table)
 	default:
 		query("column", `SELECT name, type, "notnull", COALESCE(dflt_value, 'NULL'), pk FROM pragma_table_info(?) ORDER BY cid`, table)
 		// SQLite keeps an index's statement as written, less IF NOT EXISTS.

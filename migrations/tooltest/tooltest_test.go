@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -296,5 +298,60 @@ func execAll(t *testing.T, db *sql.DB, body string) {
 	t.Helper()
 	if _, err := db.Exec(body); err != nil {
 		t.Fatalf("%v\n%s", err, body)
+	}
+}
+
+// The files of a partitioned table (MigrationFiles with WithPartitions), applied by each tool to a
+// fresh database, make the table AutoMigrate with the option makes, partitions and all; AutoMigrate
+// with the option then has nothing to do, a worker relays from it, and the down migration drops it.
+func TestToolsMakeAPartitionedTable(t *testing.T) {
+	for _, s := range servers {
+		if s.name == "sqlite" {
+			continue // no partitions
+		}
+		t.Run(s.name, func(t *testing.T) {
+			for _, tl := range tools {
+				t.Run(string(tl.format), func(t *testing.T) {
+					// The files and AutoMigrate make the partitions of the day they run: the same day,
+					// unless midnight UTC passes between them (then once more).
+					var want []string
+					var d *database
+					var fsys fs.FS
+					for attempt := 0; attempt < 2; attempt++ {
+						day := time.Now().UTC().Format(time.DateOnly)
+						ref := freshDatabase(t, s)
+						if err := outboxplugin.AutoMigrate(ref.gorm, outboxplugin.WithPartitions(0)); err != nil {
+							t.Fatal(err)
+						}
+						want = catalog(t, ref, outboxplugin.DefaultTableName)
+						var err error
+						fsys, err = outboxplugin.MigrationFiles(tl.format, s.name, "", outboxplugin.WithPartitions(0))
+						if err != nil {
+							t.Fatal(err)
+						}
+						d = freshDatabase(t, s)
+						tl.migrate(t, d, fsys, -1)
+						if time.Now().UTC().Format(time.DateOnly) == day {
+							break
+						}
+					}
+					if !slices.ContainsFunc(want, func(l string) bool { return strings.HasPrefix(l, "partition ") }) {
+						t.Fatalf("AutoMigrate made no partitions: %q", want)
+					}
+					checkTable(t, d, want, 0)
+					plan, err := outboxplugin.PlanMigration(d.gorm, outboxplugin.WithPartitions(0))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(plan) > 0 {
+						t.Errorf("AutoMigrate with the option would run: %q", plan)
+					}
+					tl.migrate(t, d, fsys, 0)
+					if d.gorm.Migrator().HasTable(outboxplugin.DefaultTableName) {
+						t.Fatal("the down migration left the table")
+					}
+				})
+			}
+		})
 	}
 }
