@@ -196,17 +196,23 @@ func TestLeaseLostIsReported(t *testing.T) {
 	})
 }
 
-// A claim that MariaDB rolls back as a deadlock's victim is run again at once; other errors are not.
-// The deadlock here is a real one, between two transactions that lock two rows in opposite orders, so
-// that the check holds for the error the driver really returns.
+// A claim that MariaDB or PostgreSQL rolls back as a deadlock's victim is run again at once; other
+// errors are not. The deadlock here is a real one, between two transactions that lock two rows in
+// opposite orders, so that the check holds for the error the driver really returns.
 func TestClaimRetriesADeadlockVictim(t *testing.T) {
 	forEachRelayDB(t, func(t *testing.T, d dialect) {
 		db := setup(t, d, nil)
 		w := newWorker(t, db, newRecorder())
 		assert.False(t, outboxplugin.ClaimRetryable(w, errors.New("Error 1064 (42000): You have an error in your SQL syntax")))
-		if d.name != "mysql" {
-			assert.False(t, outboxplugin.ClaimRetryable(w, errors.New("Error 1213 (40001): Deadlock found")), "only MySQL's claims deadlock")
+		if d.name == "sqlite" {
+			assert.False(t, outboxplugin.ClaimRetryable(w, errors.New("Error 1213 (40001): Deadlock found")), "SQLite's claims do not deadlock")
 			return
+		}
+		if d.name == "postgres" {
+			assert.False(t, outboxplugin.ClaimRetryable(w, errors.New("ERROR: deadlock detected (SQLSTATE 40P01)")), "a text is not the server's error")
+			var syntax error = db.Exec(`SELEC 1`).Error
+			require.Error(t, syntax)
+			assert.False(t, outboxplugin.ClaimRetryable(w, syntax), "%v", syntax)
 		}
 		require.NoError(t, db.Create(&[]User{{Name: "a"}, {Name: "b"}}).Error)
 		evs := loadEvents(t, db)

@@ -45,3 +45,14 @@ func chain(err error) []error {
 	walk(err)
 	return out
 }
+
+// SQLState returns the SQLSTATE of a PostgreSQL error in err's chain: any error with a SQLState()
+// string method, as pgx's *pgconn.PgError and lib/pq's *pq.Error have.
+func SQLState(err error) (string, bool) {
+	for _, e := range chain(err) {
+		if s, ok := e.(interface{ SQLState() string }); ok {
+			return s.SQLState(), true
+		}
+	}
+	return "", false
+}

@@ -51,3 +51,20 @@ type loop struct{ next *loop }
 
 func (l *loop) Error() string { return "loop" }
 func (l *loop) Unwrap() error { return l.next }
+
+type pgError struct{ code string }
+
+func (e *pgError) Error() string    { return "ERROR: deadlock detected (SQLSTATE " + e.code + ")" }
+func (e *pgError) SQLState() string { return e.code }
+
+func TestSQLState(t *testing.T) {
+	if s, ok := SQLState(fmt.Errorf("claim: %w", &pgError{"40P01"})); !ok || s != "40P01" {
+		t.Errorf("wrapped: %q, %v", s, ok)
+	}
+	if _, ok := SQLState(errors.New("ERROR: deadlock detected (SQLSTATE 40P01)")); ok {
+		t.Error("a text is not a PostgreSQL error")
+	}
+	if _, ok := SQLState(nil); ok {
+		t.Error("nil")
+	}
+}
