@@ -1,16 +1,140 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/gorm-outbox/outboxplugin"
 )
+
+// `outbox relay --listen-db`: the LISTEN connections on the PostgreSQL server itself, when --db goes
+// through a transaction pooler. .ci/run runs this package a second time through its PgBouncer in
+// transaction mode (OUTBOX_POSTGRES_POOLER=transaction, OUTBOX_POSTGRES_DSN the pooler's), which is
+// where TestRelayListenDB checks what the flag is for; straight to PostgreSQL it checks that the flag
+// changes nothing there.
+
+// postgresDirectDSN is the DSN of the PostgreSQL server itself, not through a pooler
+// (OUTBOX_POSTGRES_DIRECT_DSN, or the server's default address).
+func postgresDirectDSN() string {
+	if dsn := os.Getenv("OUTBOX_POSTGRES_DIRECT_DSN"); dsn != "" {
+		return dsn
+	}
+	return "host=127.0.0.1 port=5432 user=postgres dbname=postgres sslmode=disable"
+}
+
+// directDSN is the DSN of d's database on the PostgreSQL server itself: the same database as d.dsn,
+// which may go through the pooler.
+func directDSN(t *testing.T, d *testDB) string {
+	t.Helper()
+	dbname := dbnameRE.FindString(d.dsn)
+	if dbname == "" {
+		t.Fatalf("no dbname= in the test database's DSN %q", d.dsn)
+	}
+	if dsn := postgresDirectDSN(); dbnameRE.MatchString(dsn) {
+		return dbnameRE.ReplaceAllString(dsn, dbname)
+	}
+	return postgresDirectDSN() + " " + dbname
+}
+
+// TestRelayListenDB runs the relay with a poll of ten minutes, longer than the test waits, so that
+// only a notification can get an event committed after the start published in time. Without
+// --listen-db, through a transaction pooler, the workers' self-test finds that notifications do not
+// reach their LISTEN connection and says so (straight to PostgreSQL it passes): that case shows the
+// pooler is really in the way. With --listen-db on the server itself every worker's self-test passes
+// — each gets a connection of the pool the relay sizes — and a commit through --db wakes the relay.
+func TestRelayListenDB(t *testing.T) {
+	const (
+		passed  = "LISTEN self-test passed"
+		failed  = "notifications do not reach the LISTEN connection"
+		workers = 2
+	)
+	nc, err := nats.Connect(natsURL(), nats.Timeout(3*time.Second))
+	if err != nil {
+		brokerUnreachable(t, "NATS", err)
+	}
+	// Closed after the streams' deletion below: cleanups run last first.
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newServerDB(t, servers[0])
+	if err := outboxplugin.AutoMigrate(d.db); err != nil {
+		t.Fatal(err)
+	}
+	behindPooler := os.Getenv("OUTBOX_POSTGRES_POOLER") != ""
+
+	for _, c := range []struct {
+		name     string
+		listenDB bool
+		woken    bool // the self-test passes, and a commit wakes the relay
+	}{
+		{"without --listen-db", false, !behindPooler},
+		{"with --listen-db", true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+			defer cancel()
+			prefix, streamName := testName("subject"), testName("stream")
+			stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{prefix + ".>"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := js.DeleteStream(ctx, streamName); err != nil {
+					t.Errorf("delete stream %s: %v", streamName, err)
+				}
+			})
+
+			args := []string{"relay", "--db", d.dsn, "--broker", natsURL(), "--subject-prefix", prefix, "--stream", streamName,
+				"--workers", strconv.Itoa(workers), "--poll-interval", "10m", "--log-level", "debug", "--http", ""}
+			if c.listenDB {
+				args = append(args, "--listen-db", directDSN(t, d))
+			}
+			p := startRelay(t, nil, args...)
+			// The self-test waits up to 10 s for its notification before it gives up.
+			eventually(t, 45*time.Second, "every worker's LISTEN self-test", p, func() bool {
+				out := p.stderr.String()
+				return strings.Count(out, passed)+strings.Count(out, failed) >= workers
+			})
+			out := p.stderr.String()
+			if n := strings.Count(out, passed); c.woken && n != workers {
+				t.Fatalf("%d of %d workers' LISTEN self-tests passed, want all\nstderr: %s", n, workers, out)
+			}
+			if n := strings.Count(out, failed); !c.woken && n != workers {
+				t.Fatalf("%d of %d workers said notifications do not reach them, want all (is OUTBOX_POSTGRES_DSN the pooler's?)\nstderr: %s",
+					n, workers, out)
+			}
+			if strings.Contains(out, "listen_db=") != c.listenDB {
+				t.Errorf("the start line names listen_db: %v, want %v\nstderr: %s", !c.listenDB, c.listenDB, out)
+			}
+			if c.woken {
+				if err := emitEvents(t, d.db, 0, 1); err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, 20*time.Second, "the event committed after the start published (the next poll is 10 minutes away)", p, func() bool {
+					info, err := stream.Info(ctx)
+					return err == nil && info.State.Msgs == 1
+				})
+			}
+			if code := p.stop(t); code != 0 {
+				t.Fatalf("relay after SIGTERM: exit %d\nstderr: %s", code, p.stderr.String())
+			}
+		})
+	}
+}
 
 // TestRelayListenDBCredentialsNeverPrinted: the password of --listen-db, given on the command line,
 // by its variable or in a file, is printed nowhere — not in the start line, which names the LISTEN
