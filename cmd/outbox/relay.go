@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -47,6 +49,8 @@ type relayFlags struct {
 	cleanupEvery    time.Duration
 	retention       time.Duration
 	withoutListen   bool
+	listenDB        string
+	listenDBFile    string
 
 	http      string
 	logFormat string
@@ -96,9 +100,17 @@ and the command exits 0.
 broker is connected and every worker is healthy — its claims succeed, and the broker does not refuse
 all it publishes for a configuration error — else 503 with a JSON reason naming the cause).
 
+PostgreSQL: each worker LISTENs for the commits' notifications and publishes at once, polling all the
+same. Behind a transaction pooler such as PgBouncer in transaction mode, a LISTEN through the pooler
+hears nothing: each worker finds that out as it starts, says so once at WARN and polls every
+--poll-interval. --listen-db, a DSN of the PostgreSQL server itself, keeps the wake-up there: the
+LISTEN connections (one per worker) go to it, and everything else, the notifications included, still
+goes through --db. --without-listen turns the wake-up off instead.
+
 The worker options left at 0 (or unset) take the defaults of the core package, shown in each flag.
-Credentials in --db and --broker never appear in the logs, errors or HTTP responses. For mounted
-secrets, --db-file and --broker-file read the DSN and the broker URL from files.`
+Credentials in --db, --listen-db and --broker never appear in the logs, errors or HTTP responses. For
+mounted secrets, --db-file, --listen-db-file and --broker-file read the DSNs and the broker URL from
+files.`
 
 func newRelayCmd(a *app) *cobra.Command {
 	var f relayFlags
@@ -132,6 +144,9 @@ func newRelayCmd(a *app) *cobra.Command {
 	fl.DurationVar(&f.cleanupEvery, "cleanup-every", 0, "delete processed events older than --retention this often (0: no cleanup)")
 	fl.DurationVar(&f.retention, "retention", 0, fmt.Sprintf("how long the cleanup keeps processed events (0: %v)", outboxplugin.DefaultRetention))
 	fl.BoolVar(&f.withoutListen, "without-listen", false, "PostgreSQL: poll only, without LISTEN (for PgBouncer in transaction mode)")
+	fl.StringVar(&f.listenDB, "listen-db", "", "PostgreSQL: a DSN of the PostgreSQL server itself (not through the pooler) for the LISTEN connection, "+
+		"when --db goes through a transaction pooler such as PgBouncer; notifications are sent through --db")
+	fl.StringVar(&f.listenDBFile, "listen-db-file", "", "a file holding the --listen-db DSN, instead of --listen-db (a mounted secret)")
 
 	fl.StringVar(&f.http, "http", "127.0.0.1:9090", "address of /metrics, /healthz and /readyz (empty: no HTTP server)")
 	fl.BoolVar(&f.ui, "ui", false, "also serve the web console at /ui/ of --http (see outbox ui --help; its flags here are --ui-*)")
@@ -141,24 +156,64 @@ func newRelayCmd(a *app) *cobra.Command {
 	return cmd
 }
 
-// readBroker sets the broker URL from --broker-file when it is given. The file's content is never
-// quoted in an error: it is a secret.
-func (f *relayFlags) readBroker() error {
-	if f.brokerFile == "" {
+// readSecretFiles sets the broker URL from --broker-file and the LISTEN DSN from --listen-db-file,
+// when they are given.
+func (f *relayFlags) readSecretFiles() error {
+	if err := readSecretFile("broker", &f.broker, f.brokerFile); err != nil {
+		return err
+	}
+	f.listenDB = strings.TrimSpace(f.listenDB)
+	return readSecretFile("listen-db", &f.listenDB, f.listenDBFile)
+}
+
+// readSecretFile sets *value, the value of the flag --name, from path, the value of --name-file, when
+// it is given; surrounding whitespace is trimmed. The file's content is never quoted in an error: it
+// is a secret.
+func readSecretFile(name string, value *string, path string) error {
+	if path == "" {
 		return nil
 	}
-	if f.broker != "" {
-		return usagef("--broker and --broker-file are exclusive: give one")
+	if *value != "" {
+		return usagef("--%s and --%s-file are exclusive: give one", name, name)
 	}
-	b, err := os.ReadFile(f.brokerFile)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return usagef("--broker-file: %w", err)
+		return usagef("--%s-file: %w", name, err)
 	}
-	f.broker = strings.TrimSpace(string(b))
-	if f.broker == "" {
-		return usagef("--broker-file %s is empty", f.brokerFile)
+	*value = strings.TrimSpace(string(b))
+	if *value == "" {
+		return usagef("--%s-file %s is empty", name, path)
 	}
 	return nil
+}
+
+// listenConfig returns pgx's configuration of --listen-db, or nil when it is not given. It is read
+// with the other flags, so that a DSN the LISTEN connections could not use is a usage error before
+// anything is opened, rather than a connection that fails at every retry while the relay polls.
+func (f *relayFlags) listenConfig(dbKind string) (*pgx.ConnConfig, error) {
+	if f.listenDB == "" {
+		return nil, nil
+	}
+	if f.withoutListen {
+		return nil, usagef("--listen-db and --without-listen are exclusive: --listen-db is where the LISTEN wake-up " +
+			"connects, and --without-listen turns the wake-up off; give one")
+	}
+	if dbKind != kindPostgres {
+		return nil, usagef("--listen-db is for PostgreSQL, and --db is %s, which has no LISTEN wake-up: remove --listen-db", dbKind)
+	}
+	// parseDSN's own errors name --db: this one names the flag, and quotes nothing of the DSN.
+	kind, driverDSN, err := parseDSN(f.listenDB)
+	if err != nil || kind != kindPostgres {
+		return nil, usagef("--listen-db: not a PostgreSQL DSN: give a postgres:// URL or a key=value DSN with host= or " +
+			"dbname=, of the PostgreSQL server itself (not of the pooler)")
+	}
+	cfg, err := pgx.ParseConfig(driverDSN)
+	if err != nil {
+		// pgx's message quotes the DSN with its password left out; the relay's redactor takes out
+		// what pgx could not tell apart.
+		return nil, usagef("--listen-db: %w", err)
+	}
+	return cfg, nil
 }
 
 // workerOptions returns the options of the flags that were set, and refuses negative values (the
@@ -211,9 +266,10 @@ func (f *relayFlags) newLogger(w io.Writer) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want text or json", f.logFormat)
 }
 
-// startAttrs are the attributes of the relay's start line: its effective configuration, with dsn and
-// brokerURL already redacted. Worker options left at 0 are shown as the core's defaults ("default").
-func (f *relayFlags) startAttrs(scheme, kind, dsn, brokerURL, table string) []any {
+// startAttrs are the attributes of the relay's start line: its effective configuration, with dsn,
+// listenDSN and brokerURL already redacted. Worker options left at 0 are shown as the core's defaults
+// ("default").
+func (f *relayFlags) startAttrs(scheme, kind, dsn, listenDSN, brokerURL, table string) []any {
 	orDefault := func(set bool, v any) any {
 		if set {
 			return v
@@ -227,6 +283,9 @@ func (f *relayFlags) startAttrs(scheme, kind, dsn, brokerURL, table string) []an
 		"publish_timeout", orDefault(f.publishTimeout != 0, f.publishTimeout.String()),
 		"max_attempts", orDefault(f.maxAttempts != 0, f.maxAttempts),
 		"key_ordering", f.keyOrdering, "delete_on_publish", f.deleteOnPublish, "listen", !f.withoutListen}
+	if f.listenDB != "" {
+		attrs = append(attrs, "listen_db", listenDSN)
+	}
 	if f.cleanupEvery != 0 {
 		attrs = append(attrs, "cleanup_every", f.cleanupEvery.String(), "retention", orDefault(f.retention != 0, f.retention.String()))
 	}
@@ -243,8 +302,8 @@ func (f *relayFlags) startAttrs(scheme, kind, dsn, brokerURL, table string) []an
 	return append(attrs, "http", f.http)
 }
 
-// relayRedactor redacts what the relay prints: the app's redaction (the DSN) and the broker URL's
-// passwords.
+// relayRedactor redacts what the relay prints: the app's redaction (the DSN) and the passwords of
+// the broker URL and of the LISTEN DSN.
 type relayRedactor struct {
 	a       *app
 	secrets []string
@@ -276,10 +335,10 @@ func (e redactedError) Error() string { return e.msg }
 func (e redactedError) Unwrap() error { return e.err }
 
 func (a *app) relay(ctx context.Context, f *relayFlags) error {
-	if err := f.readBroker(); err != nil {
+	if err := f.readSecretFiles(); err != nil {
 		return err
 	}
-	r := relayRedactor{a: a, secrets: brokerPasswords(f.broker)}
+	r := relayRedactor{a: a, secrets: append(brokerPasswords(f.broker), passwordsOf(f.listenDB)...)}
 	err := a.runRelay(ctx, f, r)
 	if err != nil {
 		return redactedError{msg: r.redact(err.Error()), err: err}
@@ -323,6 +382,10 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 		return err
 	}
 	kind, driverDSN, err := parseDSN(dsn)
+	if err != nil {
+		return err
+	}
+	listenCfg, err := f.listenConfig(kind)
 	if err != nil {
 		return err
 	}
@@ -396,6 +459,19 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 	ready.broker.Store(b)
 
 	opts = append(opts, outboxplugin.WithLogger(log), outboxplugin.WithObserver(obs))
+	if listenCfg != nil {
+		// Opened as gorm.io/driver/postgres opens the worker's pool (pgx's database/sql driver), whose
+		// connections have the WaitForNotification the listener needs. Each worker's listener holds
+		// one connection while it runs, and closes it rather than hand it back (it carries LISTEN
+		// state) before it takes another; the self-test's NOTIFY goes through --db. So one
+		// connection a worker is all the pool is ever asked for, and the bound keeps it so on a
+		// server whose connections the pooler is there to spare. Closed once the workers have
+		// stopped: the deferred calls run after runWorkers returns.
+		listen := stdlib.OpenDB(*listenCfg)
+		listen.SetMaxOpenConns(f.workers)
+		defer listen.Close()
+		opts = append(opts, outboxplugin.WithListenDB(listen))
+	}
 	workers := make([]*outboxplugin.Worker, f.workers)
 	for i := range workers {
 		if workers[i], err = outboxplugin.NewWorker(db, b.pub, opts...); err != nil {
@@ -406,7 +482,7 @@ func (a *app) runRelay(ctx context.Context, f *relayFlags, r relayRedactor) erro
 		}
 	}
 	ready.workers.Store(&workers)
-	log.Info("relay started", f.startAttrs(scheme, kind, r.redact(dsn), r.redact(f.broker), a.table)...)
+	log.Info("relay started", f.startAttrs(scheme, kind, r.redact(dsn), r.redact(f.listenDB), r.redact(f.broker), a.table)...)
 	return runWorkers(ctx, workers, httpErr, log)
 }
 
