@@ -91,7 +91,7 @@ func (e *Engine[M]) finish(ctx context.Context, rows []store.Row, msgs []M, out 
 	var steps []func(context.Context, store.Execer) error
 	if len(o.Done) > 0 {
 		steps = append(steps, func(ctx context.Context, ex store.Execer) (err error) {
-			marked, err = e.sql.MarkDone(ctx, ex, e.cfg.Owner, store.NewDone(o.Done, now), e.cfg.DeleteOnPublish)
+			marked, err = e.sql.MarkDone(ctx, ex, e.cfg.Owner, store.Done{IDs: store.RowIDs(o.Done), Ctids: store.RowCtids(o.Done), Now: now}, e.cfg.DeleteOnPublish)
 			return err
 		})
 	}

@@ -170,7 +170,7 @@ type carriedBatch[M any] struct {
 // done stops renewing the batch's lease and returns its rows as the mark needs them.
 func (e *Engine[M]) done(b *carriedBatch[M]) store.Done {
 	e.drop(b.lease, b.rows)
-	return store.NewDone(b.rows, b.now)
+	return store.Done{IDs: store.RowIDs(b.rows), Ctids: store.RowCtids(b.rows), Now: b.now}
 }
 
 // claimedBatch is a batch as claimed, with its outcome so far.

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gorm-outbox/outboxplugin/internal/dbtime"
 	"github.com/gorm-outbox/outboxplugin/internal/sqlerr"
 )
 
@@ -59,9 +58,6 @@ type mysqlRelay struct {
 
 	db    *sql.DB
 	times timeLiterals
-	// partitioned: the table is partitioned by created_at. The probe then reads each candidate's
-	// created_at, and the statements that address rows by id name their span too (createdSpan).
-	partitioned bool
 }
 
 func (d *mysqlRelay) build(q *Store, p claimParts) {
@@ -73,13 +69,8 @@ func (d *mysqlRelay) build(q *Store, p claimParts) {
 	// on, from the same snapshot (probeMore).
 	d.window = q.batchSize
 	window := ` LIMIT ` + strconv.Itoa(d.window)
-	d.partitioned = q.partitioned
-	created := ""
-	if d.partitioned {
-		created = `, c.created_at` // in the claim index: the probe still reads only the index
-	}
-	freshRun := `(SELECT c.id, 1` + created + ` FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id` + window
-	d.probe = `(SELECT c.id, 0` + created + ` FROM ` + p.table + ` c WHERE ` + p.due +
+	freshRun := `(SELECT c.id, 1 FROM ` + p.table + ` c WHERE ` + p.fresh + ` ORDER BY c.created_at, c.id` + window
+	d.probe = `(SELECT c.id, 0 FROM ` + p.table + ` c WHERE ` + p.due +
 		` ORDER BY c.next_attempt_at, c.created_at, c.id` + p.limit + `) UNION ALL ` + freshRun + `)`
 	d.probeArgs = strings.Count(p.due+p.fresh, "?")
 	d.probeMore = freshRun + ` OFFSET ?)`
@@ -98,8 +89,6 @@ func (d *mysqlRelay) build(q *Store, p claimParts) {
 type candidate struct {
 	id  int64
 	due bool
-	// created is its created_at, on a partitioned table (zero otherwise, or when unreadable).
-	created time.Time
 }
 
 func (d *mysqlRelay) claim(ctx context.Context, q *Store, owner string, now time.Time, prev *Done, deleteDone bool) (claimed []Row, marked int64, err error) {
@@ -125,8 +114,6 @@ func (d *mysqlRelay) claim(ctx context.Context, q *Store, owner string, now time
 		}
 		sortClaimed(claimed)
 		in, ids := d.idList(RowIDs(claimed))
-		from, to := RowSpan(claimed)
-		in += d.createdSpan("", from, to)
 		// The rows were read under their locks, with the unfinished-delivery mark as the stamp sets
 		// it: when none has it, no row's history changes, and the stamp need not touch the column.
 		stamp := d.claimStampFresh
@@ -150,77 +137,54 @@ func (d *mysqlRelay) probeCandidates(ctx context.Context, tx *sql.Tx, q *Store, 
 		return nil, err
 	}
 	defer rows.Close()
-	return d.scanCandidates(rows)
-}
-
-// scanCandidates reads the probe's rows: id, run (0: due) and, on a partitioned table, created_at.
-func (d *mysqlRelay) scanCandidates(rows *sql.Rows) ([]candidate, error) {
 	var out []candidate
-	var created any
-	dest := make([]any, 2, 3)
 	for rows.Next() {
 		var c candidate
 		var run int
-		dest[0], dest[1] = &c.id, &run
-		if d.partitioned {
-			dest = append(dest[:2], &created)
-		}
-		if err := rows.Scan(dest...); err != nil {
+		if err := rows.Scan(&c.id, &run); err != nil {
 			return nil, err
 		}
 		c.due = run == 0
-		if d.partitioned {
-			// Unreadable, it stays zero, and the span of its statement is not named.
-			c.created, _ = dbtime.FromColumn(created)
-		}
 		out = append(out, c)
 	}
 	return out, rows.Err()
 }
 
-// candidateSpan is the span of the candidates' created_at, zero when one is zero.
-func candidateSpan(cands []candidate) (from, to time.Time) {
-	for i, c := range cands {
-		if c.created.IsZero() {
-			return time.Time{}, time.Time{}
-		}
-		if i == 0 || c.created.Before(from) {
-			from = c.created
-		}
-		if i == 0 || c.created.After(to) {
-			to = c.created
-		}
-	}
-	return from, to
-}
-
-// probeFresh reads the candidates of the fresh run's window past offset, from the transaction's
-// snapshot.
-func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *Store, now time.Time, offset int) ([]candidate, error) {
+// probeFresh reads the ids of the fresh run's window past offset, from the transaction's snapshot.
+func (d *mysqlRelay) probeFresh(ctx context.Context, tx *sql.Tx, q *Store, now time.Time, offset int) ([]int64, error) {
 	query, args := d.literal(d.probeMore, append(q.clock.args(now, d.probeMoreArgs), offset))
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	return d.scanCandidates(rows)
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		var run int
+		if err := rows.Scan(&id, &run); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }
 
 // lockCandidates locks the candidates by primary key, skipping those another relay holds and those
 // no longer pending, and returns up to a batch of them: the due ones first.
 func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *Store, now time.Time, cands []candidate) ([]Row, error) {
-	var due, fresh []candidate
+	var due, fresh []int64
 	for _, c := range cands {
 		if c.due {
-			due = append(due, c)
+			due = append(due, c.id)
 		} else {
-			fresh = append(fresh, c)
+			fresh = append(fresh, c.id)
 		}
 	}
 	var claimed []Row
 	if len(due) > 0 {
-		in, ids := d.candidateList(due)
-		query, args := d.literal(strings.Replace(d.lockDue, "c.id IN (%s)", in, 1), append(ids, q.clock.args(now, d.lockDueArgs)...))
+		in, ids := inList(due)
+		query, args := d.literal(strings.Replace(d.lockDue, "c.id IN (%s)", "c."+in, 1), append(ids, q.clock.args(now, d.lockDueArgs)...))
 		rows, err := tx.QueryContext(ctx, query, args...)
 		if err != nil {
 			return nil, err
@@ -251,9 +215,9 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *Store, n
 		}
 		next := fresh[:min(max(left, (q.batchSize+1)/2), len(fresh))]
 		fresh = fresh[len(next):]
-		in, ids := d.candidateList(next)
+		in, ids := inList(next)
 		args := append(ids, q.clock.args(now, d.lockFreshArgs)...)
-		query, args := d.literal(strings.Replace(d.lockFresh, "c.id IN (%s)", in, 1), append(args, left))
+		query, args := d.literal(strings.Replace(d.lockFresh, "c.id IN (%s)", "c."+in, 1), append(args, left))
 		rows, err := tx.QueryContext(ctx, query, args...)
 		if err != nil {
 			return nil, err
@@ -265,36 +229,6 @@ func (d *mysqlRelay) lockCandidates(ctx context.Context, tx *sql.Tx, q *Store, n
 		claimed = append(claimed, got...)
 	}
 	return claimed, nil
-}
-
-// candidateList is the condition of the lock that selects cands, by id and, on a partitioned table,
-// by the span of their created_at.
-func (d *mysqlRelay) candidateList(cands []candidate) (string, []any) {
-	ids := make([]int64, len(cands))
-	for i, c := range cands {
-		ids[i] = c.id
-	}
-	in, args := inList(ids)
-	from, to := candidateSpan(cands)
-	return "c." + in + d.createdSpan("c.", from, to), args
-}
-
-// createdSpan names the span of the rows' created_at on a partitioned table, as literals: InnoDB then
-// looks each id up in the partitions of the span only (a batch's rows are usually all in one),
-// instead of in every partition's primary key (id, created_at); the relay's statements cost 1.3 to
-// 1.9 times the plain table's without it (docs/benchmarks.md). The times were read from the table:
-// written back as UTC literals, which the driver is known to send times as (timeLiterals), they are
-// the values stored. Otherwise, or with zero times, it names nothing.
-func (d *mysqlRelay) createdSpan(prefix string, from, to time.Time) string {
-	if !d.partitioned || from.IsZero() || to.IsZero() || !d.times.utc(d.db) {
-		return ""
-	}
-	var b strings.Builder
-	b.WriteString(" AND " + prefix + "created_at BETWEEN ")
-	appendLiteral(&b, from, true)
-	b.WriteString(" AND ")
-	appendLiteral(&b, to, true)
-	return b.String()
 }
 
 func (*mysqlRelay) bind(query string) string { return query }

@@ -114,8 +114,6 @@ func (*pgRelay) idList(ids []int64) (string, []any) {
 	return "id = ANY(?::bigint[])", []any{string(append(b, '}'))}
 }
 
-func (*pgRelay) createdSpan(string, time.Time, time.Time) string { return "" }
-
 func (d *pgRelay) rowsMatch(ids []int64, ctids []string) (string, []any) {
 	_, idArgs := d.idList(ids)
 	if len(ctids) != len(ids) {

@@ -44,8 +44,6 @@ func (*sqliteRelay) bind(query string) string { return query }
 
 func (*sqliteRelay) idList(ids []int64) (string, []any) { return inList(ids) }
 
-func (*sqliteRelay) createdSpan(string, time.Time, time.Time) string { return "" }
-
 func (*sqliteRelay) rowsMatch(ids []int64, _ []string) (string, []any) { return inList(ids) }
 
 func (*sqliteRelay) renew(ctx context.Context, db *sql.DB, query string, args []any) (map[int64]string, int64, error) {

@@ -55,9 +55,8 @@ type Store struct {
 
 	keyOrdering bool
 	batchSize   int
-	// partitioned: the table is partitioned (set by ready). PostgreSQL's claim, which addresses rows
-	// by their place, must know; MySQL's statements name the span of the rows' created_at with their
-	// ids (createdSpan).
+	// partitioned: the table is partitioned (PostgreSQL; set by ready), which the claim's way of
+	// addressing rows by their place must know.
 	partitioned bool
 
 	// history is how many failed attempts a row's attempt_history keeps (0: none is written), and
@@ -104,12 +103,6 @@ type relayDialect interface {
 	idList(ids []int64) (string, []any)
 	// rowsMatch returns the condition and arguments that select the given leased rows.
 	rowsMatch(ids []int64, ctids []string) (string, []any)
-	// createdSpan is a condition that adds, to one that selects rows by id, that the rows' created_at
-	// (as prefix names it) is within [from, to], which each of them is: on a partitioned MySQL table
-	// it lets the statement read only the partitions of that span, where an id alone is looked up in
-	// every partition's primary key (id, created_at). "" where it would not (any other table, zero
-	// times, times the driver does not send in UTC).
-	createdSpan(prefix string, from, to time.Time) string
 	// renew runs the lease-extending UPDATE query with args; moved is where each row now is, on
 	// databases that address leased rows by their place (PostgreSQL's ctid).
 	renew(ctx context.Context, db *sql.DB, query string, args []any) (moved map[int64]string, n int64, err error)
@@ -273,19 +266,9 @@ func (q *Store) ready(ctx context.Context) error {
 		return fmt.Errorf("read how the database's times are sent: %w", err)
 	}
 	q.clock = clock
-	switch q.d.(type) {
-	case *pgRelay:
+	if _, ok := q.d.(*pgRelay); ok {
 		if err := q.db.QueryRowContext(ctx, `SELECT COALESCE((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`,
 			q.table).Scan(&q.partitioned); err != nil {
-			return fmt.Errorf("read whether the table is partitioned: %w", err)
-		}
-	case *mysqlRelay:
-		schema, name := "", q.name
-		if i := strings.LastIndex(name, "."); i >= 0 {
-			schema, name = name[:i], name[i+1:]
-		}
-		if err := q.db.QueryRowContext(ctx, `SELECT COUNT(*) > 0 FROM information_schema.partitions WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE())`+
-			` AND table_name = ? AND partition_name IS NOT NULL`, schema, name).Scan(&q.partitioned); err != nil {
 			return fmt.Errorf("read whether the table is partitioned: %w", err)
 		}
 	}
@@ -472,35 +455,6 @@ type Done struct {
 	IDs   []int64
 	Ctids []string
 	Now   time.Time
-	// CreatedFrom and CreatedTo span the rows' created_at (zero when one of them could not be read):
-	// on a partitioned MySQL table the mark names the span, so that it reads only the partitions
-	// that hold the rows (createdSpan).
-	CreatedFrom, CreatedTo time.Time
-}
-
-// NewDone is the Done of rows published at now.
-func NewDone(rows []Row, now time.Time) Done {
-	d := Done{IDs: RowIDs(rows), Ctids: RowCtids(rows), Now: now}
-	d.CreatedFrom, d.CreatedTo = RowSpan(rows)
-	return d
-}
-
-// RowSpan returns the earliest and the latest created_at of rows, or zero times when one of them is
-// zero (its created_at could not be read): a span that left a row out would miss it.
-func RowSpan(rows []Row) (from, to time.Time) {
-	for i, r := range rows {
-		at := r.Msg.CreatedAt
-		if at.IsZero() {
-			return time.Time{}, time.Time{}
-		}
-		if i == 0 || at.Before(from) {
-			from = at
-		}
-		if i == 0 || at.After(to) {
-			to = at
-		}
-	}
-	return from, to
 }
 
 // claim leases up to a batch of pending rows to owner for the lease, from the database's current time
@@ -785,7 +739,7 @@ func (q *Store) MarkDone(ctx context.Context, ex Execer, owner string, b Done, d
 	} else {
 		args = append(q.clock.args(q.d.clock(b.Now), 1), args...)
 	}
-	query, args = q.d.literal(q.Bind(query+match+q.d.createdSpan("", b.CreatedFrom, b.CreatedTo)+` AND locked_by = ?`), append(args, owner))
+	query, args = q.d.literal(q.Bind(query+match+` AND locked_by = ?`), append(args, owner))
 	res, err := ex.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err

@@ -191,7 +191,7 @@ func TestClaimCarriesTheMarkOfThePreviousBatch(t *testing.T) {
 		first, _, err := s.Claim(ctx, "owner-a", time.Now(), nil, false)
 		require.NoError(t, err)
 		require.Len(t, first, 2)
-		done := store.NewDone(first, time.Now())
+		done := store.Done{IDs: store.RowIDs(first), Ctids: store.RowCtids(first), Now: time.Now()}
 		n, err := s.MarkDone(ctx, f.sqlDB, "owner-b", done, false)
 		require.NoError(t, err)
 		assert.Zero(t, n, "not the owner's rows")
@@ -205,7 +205,7 @@ func TestClaimCarriesTheMarkOfThePreviousBatch(t *testing.T) {
 			assert.Empty(t, r.owner(), id)
 			assert.Nil(t, r.NextAttemptAt, id)
 		}
-		n, err = s.MarkDone(ctx, f.sqlDB, "owner-a", store.NewDone(second, time.Now()), true)
+		n, err = s.MarkDone(ctx, f.sqlDB, "owner-a", store.Done{IDs: store.RowIDs(second), Ctids: store.RowCtids(second), Now: time.Now()}, true)
 		require.NoError(t, err)
 		assert.EqualValues(t, 2, n)
 		var left int64
