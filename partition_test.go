@@ -657,3 +657,48 @@ func TestPartitionReadBesideADrop(t *testing.T) {
 		assert.Contains(t, names, defaultName(d))
 	})
 }
+
+// On a partitioned MySQL/MariaDB table the claim's locks leave the application's inserts alone. The
+// claim locks its rows by id, which there is only a prefix of the primary key (id, created_at): at
+// REPEATABLE READ such a lookup also locks the gap after the row, and after the newest row that gap
+// is where the next insert goes. An insert made while the claim holds its locks must not wait (a
+// second of innodb_lock_wait_timeout here; beside several relays the application's inserts were
+// deadlock victims instead).
+func TestPartitionedClaimLeavesInsertsAlone(t *testing.T) {
+	partitionDBs(t, func(t *testing.T, d dialect) {
+		if d.server() != "mysql" {
+			t.Skip("PostgreSQL's locks of rows take no gaps")
+		}
+		now := time.Now().UTC()
+		db := setupPartitioned(t, d, now)
+		for i := range 5 {
+			putEvent(t, db, fmt.Sprintf("Pending%d", i), now.Add(-time.Duration(5-i)*time.Second), "pending")
+		}
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		app, err := sqlDB.Conn(context.Background())
+		require.NoError(t, err)
+		defer app.Close()
+		_, err = app.ExecContext(context.Background(), `SET SESSION innodb_lock_wait_timeout = 1`)
+		require.NoError(t, err)
+		defer func() {
+			_, err := app.ExecContext(context.Background(), `SET SESSION innodb_lock_wait_timeout = DEFAULT`)
+			assert.NoError(t, err)
+		}()
+
+		rec := newRecorder()
+		w := newWorker(t, db, rec)
+		var insertErr error
+		var once sync.Once
+		outboxplugin.UseAfterClaimLock(w, func() {
+			once.Do(func() {
+				_, insertErr = app.ExecContext(context.Background(), `INSERT INTO outbox_events (message_id, event_type, payload, created_at) VALUES (?, ?, ?, ?)`,
+					"during-the-claim", "Inserted", `{}`, time.Now().UTC())
+			})
+		})
+		n, err := w.ProcessOnce(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 5, n, "the claim took the rows there before it")
+		assert.NoError(t, insertErr, "the application's insert beside the claim's locks")
+	})
+}

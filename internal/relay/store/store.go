@@ -55,8 +55,9 @@ type Store struct {
 
 	keyOrdering bool
 	batchSize   int
-	// partitioned: the table is partitioned (PostgreSQL; set by ready), which the claim's way of
-	// addressing rows by their place must know.
+	// partitioned: the table is partitioned (set by ready). PostgreSQL's claim, which addresses rows
+	// by their place, must know; on MySQL the relay's transactions run at READ COMMITTED there
+	// (mysqlRelay.partitionedTx).
 	partitioned bool
 
 	// history is how many failed attempts a row's attempt_history keeps (0: none is written), and
@@ -266,9 +267,19 @@ func (q *Store) ready(ctx context.Context) error {
 		return fmt.Errorf("read how the database's times are sent: %w", err)
 	}
 	q.clock = clock
-	if _, ok := q.d.(*pgRelay); ok {
+	switch q.d.(type) {
+	case *pgRelay:
 		if err := q.db.QueryRowContext(ctx, `SELECT COALESCE((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`,
 			q.table).Scan(&q.partitioned); err != nil {
+			return fmt.Errorf("read whether the table is partitioned: %w", err)
+		}
+	case *mysqlRelay:
+		schema, name := "", q.name
+		if i := strings.LastIndex(name, "."); i >= 0 {
+			schema, name = name[:i], name[i+1:]
+		}
+		if err := q.db.QueryRowContext(ctx, `SELECT COUNT(*) > 0 FROM information_schema.partitions WHERE table_schema = COALESCE(NULLIF(?, ''), DATABASE())`+
+			` AND table_name = ? AND partition_name IS NOT NULL`, schema, name).Scan(&q.partitioned); err != nil {
 			return fmt.Errorf("read whether the table is partitioned: %w", err)
 		}
 	}
@@ -475,9 +486,14 @@ func (q *Store) claimArgs(owner string, now time.Time) []any {
 	return append(args, q.pickArgs(now)...)
 }
 
-// inTx runs fn in a transaction.
+// inTx runs fn in a transaction: at the database's default level, or at READ COMMITTED on a
+// partitioned MySQL table (mysqlRelay.partitionedTx).
 func (q *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	return q.inTxAt(ctx, nil, fn)
+	var opts *sql.TxOptions
+	if d, ok := q.d.(*mysqlRelay); ok {
+		opts = d.partitionedTx
+	}
+	return q.inTxAt(ctx, opts, fn)
 }
 
 // inTxAt runs fn in a transaction with the given options (nil: the database's defaults). Where the
